@@ -1,0 +1,101 @@
+# dinops: `make up` provisions this machine (ansible-playbook site.yml on inventories/local);
+# `make test` runs every test. Both do their own set-up. See README.md.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+# The controller needs Python >= 3.11 (ansible-core 2.19).
+PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
+	command -v $$p >/dev/null && $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' && { echo $$p; break; }; done)
+VENV := .venv
+BIN := $(CURDIR)/$(VENV)/bin
+export PATH := $(BIN):$(PATH)
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+INVENTORY ?= inventories/local
+ANSIBLE_ARGS ?=
+STAGE := scripts/stage.sh
+MOLECULE_SCENARIOS ?= $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
+PYTEST_ARGS ?=
+
+.PHONY: help up test setup setup-controller venv venv-controller collections docker molecule-image \
+	lint molecule pytest images browser bench syntax clean
+
+help: ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
+
+# --- set-up --------------------------------------------------------------------------------------------------------
+$(VENV)/.controller: apps/constraints.txt
+	@test -n "$(PYTHON)" || { echo "Python >= 3.11 is needed for the controller (Ubuntu 22.04: apt install python3.11 python3.11-venv)"; exit 2; }
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q -c apps/constraints.txt ansible ansible-core pyyaml
+	touch $@
+
+$(VENV)/.dev: apps/constraints.txt apps/pyproject.toml $(VENV)/.controller
+	$(BIN)/pip install -q -c apps/constraints.txt -e 'apps[dev]'
+	touch $@
+
+venv-controller: $(VENV)/.controller
+venv: $(VENV)/.dev ## Create the project venv with every extra (torch included) and the test tools
+
+setup-controller:
+	scripts/system-packages.sh controller
+	$(MAKE) --no-print-directory venv-controller collections
+
+collections: $(VENV)/.controller ## Make the pinned collections of requirements.yml available
+	VENV=$(VENV) scripts/collections.sh
+
+docker: ## Start a Docker daemon when none answers
+	scripts/ensure-docker.sh
+
+molecule-image: docker ## Build the Molecule platform image from Debian's archive (cached by content)
+	scripts/molecule-image.sh
+
+setup: ## Everything the tests need: system packages, Docker, the venv, collections, the Molecule image
+	scripts/system-packages.sh test
+	$(MAKE) --no-print-directory venv collections molecule-image
+
+# --- the main job --------------------------------------------------------------------------------------------------
+up: setup-controller ## Provision this machine: ansible-playbook site.yml on inventories/local
+	ansible-playbook -i $(INVENTORY) site.yml $(ANSIBLE_ARGS)
+
+syntax: $(VENV)/.controller
+	ansible-playbook -i $(INVENTORY) site.yml --syntax-check
+	@for p in playbooks/*.yml; do ansible-playbook -i $(INVENTORY) $$p --syntax-check >/dev/null || exit 1; done
+
+# --- tests -----------------------------------------------------------------------------------------------------------
+test: ## Run every test (what CI runs), printing one timing line per stage
+	@$(STAGE) set-up $(MAKE) --no-print-directory setup
+	@$(STAGE) lint $(MAKE) --no-print-directory lint
+	@$(STAGE) molecule $(MAKE) --no-print-directory molecule
+	@$(STAGE) python-tests $(MAKE) --no-print-directory pytest
+	@$(STAGE) images $(MAKE) --no-print-directory images
+	@$(STAGE) browser $(MAKE) --no-print-directory browser
+
+lint: $(VENV)/.dev ## yamllint, ansible-lint (production, no skips), ruff, hadolint, syntax checks
+	yamllint --strict .
+	ansible-lint
+	ruff check .
+	ruff format --check .
+	@files=$$(git ls-files --cached --others --exclude-standard '*Dockerfile*'); \
+	  if [ -n "$$files" ]; then echo "hadolint $$files"; hadolint $$files; fi
+	$(MAKE) --no-print-directory syntax
+
+molecule: $(VENV)/.dev ## Every Molecule scenario: converge, idempotence (changed=0), verify
+	@failed=""; for s in $(MOLECULE_SCENARIOS); do \
+	  $(STAGE) molecule-$$s molecule test -s $$s || failed="$$failed $$s"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "molecule scenarios failed:$$failed"; exit 1; fi
+
+pytest: $(VENV)/.dev ## Python tests: the apps, the Ansible plugins, inventories and manifests
+	python -m pytest -m "not browser and not images" $(PYTEST_ARGS)
+
+images: $(VENV)/.dev docker ## Build every container image (air-gapped mode) and run it
+	scripts/pytest-stage.sh -m images $(PYTEST_ARGS)
+
+browser: $(VENV)/.dev ## The web client in a real headless Chromium
+	scripts/pytest-stage.sh -m browser $(PYTEST_ARGS)
+
+bench: $(VENV)/.dev ## Benchmarks that print figures (model, training, serving, downloader, images)
+	@for b in apps/bench/bench_*.py; do echo "=== $$b"; python $$b || exit 1; done
+
+clean: ## Remove caches (keeps the venv)
+	rm -rf .cache .pytest_cache .ruff_cache artifacts

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Install the Debian/Ubuntu packages that the given purpose needs, only those missing (no apt-get update when
+# nothing is missing). Purposes: controller (make up), test (make test).
+set -euo pipefail
+purpose=${1:?usage: system-packages.sh controller|test}
+case $purpose in
+  controller) wanted=(python3-venv git) ;;
+  test) wanted=(python3-venv git docker.io debootstrap chromium rsync) ;;
+  *) echo "unknown purpose $purpose" >&2; exit 2 ;;
+esac
+missing=()
+for pkg in "${wanted[@]}"; do
+  dpkg-query -W -f '${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+sudo=$([ "$(id -u)" -eq 0 ] && echo "" || echo sudo)
+echo "installing system packages: ${missing[*]}"
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
