@@ -1,0 +1,188 @@
+"""``create_app(test_config=None)`` for the web client: the page, and ``POST /api/detect`` which forwards the
+image (held in memory only) to the inference API and turns every failure into a sentence for a person."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import requests
+from flask import Blueprint, Flask, current_app, jsonify, render_template, request
+from werkzeug.exceptions import HTTPException
+
+from dinops.client.settings import SETTINGS
+from dinops.settings import resolve
+
+log = logging.getLogger(__name__)
+bp = Blueprint("ui", __name__)
+
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' blob: data:; "
+    "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+
+
+class ClientError(Exception):
+    def __init__(self, status: int, message: str, retry_after: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.retry_after = status, message, retry_after
+
+
+def settings_config(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    namespace = resolve(argparse.Namespace(), SETTINGS, environ, warn=log.warning)
+    return {s.dest.upper(): getattr(namespace, s.dest) for s in SETTINGS}
+
+
+def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
+    app = Flask(__name__)
+    app.config.from_mapping(settings_config())
+    if test_config:
+        app.config.update(test_config)
+    app.config["MAX_CONTENT_LENGTH"] = int(app.config["MAX_UPLOAD_MB"] * 2**20)
+    app.config["API_URL"] = app.config["API_URL"].rstrip("/")
+    app.extensions["api_session"] = requests.Session()
+    app.register_blueprint(bp)
+
+    @app.errorhandler(ClientError)
+    def client_error(exc: ClientError):
+        response = jsonify(error=exc.message)
+        response.status_code = exc.status
+        if exc.retry_after:
+            response.headers["Retry-After"] = exc.retry_after
+        return response
+
+    @app.errorhandler(HTTPException)
+    def http_error(exc: HTTPException):
+        message = exc.description
+        if exc.code == 413:
+            message = f"The image is larger than the {app.config['MAX_UPLOAD_MB']:g} MB limit; choose a smaller one."
+        response = jsonify(error=message)
+        response.status_code = exc.code or 500
+        return response
+
+    @app.after_request
+    def security_headers(response):
+        response.headers["Content-Security-Policy"] = CSP
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        response.headers["Referrer-Policy"] = "no-referrer"
+        return response
+
+    return app
+
+
+@bp.get("/")
+def index():
+    config = current_app.config
+    return render_template(
+        "index.html",
+        threshold=config["THRESHOLD"],
+        max_bytes=config["MAX_CONTENT_LENGTH"],
+        max_mb=f"{config['MAX_UPLOAD_MB']:g}",
+    )
+
+
+@bp.get("/healthz")
+def healthz():
+    return jsonify(status="alive")
+
+
+@bp.get("/readyz")
+def readyz():
+    """Ready to serve pages; the API's state is reported, not required (the page explains when it is down)."""
+    try:
+        api = current_app.extensions["api_session"].get(current_app.config["API_URL"] + "/readyz", timeout=2)
+        api_state = "ready" if api.status_code == 200 else f"not ready (HTTP {api.status_code})"
+    except requests.RequestException:
+        api_state = "unreachable"
+    return jsonify(status="ready", api=api_state)
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"not a number: {value!r}")
+    return float(value)
+
+
+def clean_answer(body: Any) -> dict[str, Any]:
+    """Only the fields the page uses, with their types checked: the browser never sees anything else."""
+    if not isinstance(body, dict) or not isinstance(body.get("detections"), list):
+        raise ValueError("no detections list")
+    detections = []
+    for item in body["detections"]:
+        box = item["box"]
+        if not isinstance(box, list) or len(box) != 4:
+            raise ValueError(f"bad box {box!r}")
+        detections.append(
+            {
+                "box": [_number(c) for c in box],
+                "label": int(_number(item["label"])),
+                "name": str(item.get("name", "")),
+                "score": _number(item["score"]),
+            }
+        )
+    return {"width": int(_number(body["width"])), "height": int(_number(body["height"])), "detections": detections}
+
+
+@bp.post("/api/detect")
+def detect():
+    config = current_app.config
+    if not (request.mimetype or "").startswith("image/"):
+        raise ClientError(415, "Please choose an image file (JPEG, PNG, WebP, BMP, GIF or TIFF).")
+    data = request.get_data(cache=False)  # in memory, bounded by MAX_CONTENT_LENGTH; never a file
+    if not data:
+        raise ClientError(400, "The file is empty.")
+    headers = {"Content-Type": request.mimetype}
+    if config["API_TOKEN"]:
+        headers["Authorization"] = f"Bearer {config['API_TOKEN']}"
+    started = time.perf_counter()
+    try:
+        answer = current_app.extensions["api_session"].post(
+            config["API_URL"] + "/v1/detect",
+            params={"threshold": 0, "max_detections": config["MAX_DETECTIONS"]},
+            data=data,
+            headers=headers,
+            timeout=(5, config["API_TIMEOUT_S"]),
+        )
+    except requests.Timeout:
+        raise ClientError(
+            504, f"The detection service did not answer within {config['API_TIMEOUT_S']:g} seconds. Try again later."
+        ) from None
+    except requests.RequestException:
+        log.warning("API at %s unreachable", config["API_URL"], exc_info=True)
+        raise ClientError(
+            502, "The detection service cannot be reached right now. It may be starting or down; try again in a minute."
+        ) from None
+    latency_ms = round((time.perf_counter() - started) * 1000, 1)
+    return jsonify(**_interpret(answer), latency_ms=latency_ms)
+
+
+def _interpret(answer: requests.Response) -> dict[str, Any]:
+    try:
+        body = answer.json()
+    except ValueError:
+        body = None
+    api_message = body.get("error") if isinstance(body, dict) and isinstance(body.get("error"), str) else None
+    if answer.status_code == 200:
+        try:
+            return clean_answer(body)
+        except (KeyError, TypeError, ValueError) as exc:
+            log.error("unexpected answer from the API: %s", exc)
+            raise ClientError(502, "The detection service sent an answer this page does not understand.") from None
+    if answer.status_code == 503:
+        wait = answer.headers.get("Retry-After", "a few")
+        raise ClientError(
+            503,
+            f"The detection service is busy or still loading. Try again in {wait} seconds.",
+            answer.headers.get("Retry-After"),
+        )
+    if answer.status_code == 401:
+        raise ClientError(502, "The web client is not allowed to use the detection service (check DINO_API_TOKEN).")
+    if 400 <= answer.status_code < 500:
+        raise ClientError(
+            answer.status_code, f"The image was rejected: {api_message or 'HTTP ' + str(answer.status_code)}"
+        )
+    raise ClientError(502, f"The detection service failed (HTTP {answer.status_code}). Try again later.")

@@ -1,0 +1,60 @@
+"""`dinops client`: the web client under gunicorn.
+
+Upload an image (drag and drop or file picker); the page sends it to this server, which forwards it (kept in
+memory, never written to disk) to the inference API at DINO_API_URL, and draws the boxes. A slider filters
+them by score without sending the image again. Every option is also an environment variable
+(flag > environment > default); THRESHOLD's old misspelling TRESHOLD still works, with a warning.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from dinops.client.settings import ENV_PREFIXES, SETTINGS
+from dinops.serve import logs
+from dinops.serve.cli import resolve_from_env, run_gunicorn
+from dinops.settings import SettingsError, add_arguments
+
+
+def get_args_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dinops client", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_arguments(parser, SETTINGS)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = get_args_parser().parse_args(argv)
+    try:
+        resolve_from_env(args, SETTINGS, ENV_PREFIXES, "dinops client")
+    except SettingsError as exc:
+        print(f"dinops client: {exc}", file=sys.stderr)
+        return 2
+    logs.configure(args.log_level, args.log_format)
+    config = {s.dest.upper(): getattr(args, s.dest) for s in SETTINGS}
+
+    def app_factory():
+        from dinops.client.app import create_app
+
+        return create_app(config)
+
+    run_gunicorn(
+        app_factory,
+        {
+            "bind": args.bind,
+            "workers": args.workers,
+            "worker_class": "gthread",
+            "threads": args.threads,
+            "timeout": int(args.api_timeout_s) + 30,
+            "accesslog": "-",
+            "errorlog": "-",
+            "loglevel": args.log_level,
+            "logconfig_dict": logs.logging_config(
+                args.log_level, args.log_format, ("gunicorn.error", "gunicorn.access")
+            ),
+            "proc_name": "dinops-client",
+        },
+    )
+    return 0

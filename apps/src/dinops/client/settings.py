@@ -1,0 +1,36 @@
+"""Settings of the web client (`dinops client`). ``THRESHOLD`` keeps the original service's name; its old
+misspelling ``TRESHOLD`` is still read, with a deprecation warning."""
+
+from __future__ import annotations
+
+from dinops.serve.settings import fraction, positive_float, positive_int
+from dinops.settings import Setting
+
+ENV_PREFIXES = ("CLIENT_", "DINO_API_")
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("api_url", "http://127.0.0.1:8000", "base URL of the inference API", env="DINO_API_URL"),
+    Setting("api_token", "", "bearer token sent to the API (if it requires one)", env="DINO_API_TOKEN"),
+    Setting(
+        "api_timeout_s", 30.0, "how long to wait for the API's answer", type=positive_float, env="DINO_API_TIMEOUT_S"
+    ),
+    Setting(
+        "threshold", 0.3, "initial position of the score slider", type=fraction, env="THRESHOLD", aliases=("TRESHOLD",)
+    ),
+    Setting(
+        "max_detections",
+        100,
+        "detections asked from the API per image",
+        type=positive_int,
+        env="CLIENT_MAX_DETECTIONS",
+    ),
+    Setting("max_upload_mb", 10.0, "largest image accepted, in MiB", type=positive_float, env="CLIENT_MAX_UPLOAD_MB"),
+    Setting("bind", "0.0.0.0:8080", "address:port to listen on", env="CLIENT_BIND"),
+    Setting("workers", 2, "gunicorn worker processes", type=positive_int, env="CLIENT_WORKERS"),
+    Setting("threads", 8, "threads per worker (each waits on one API call)", type=positive_int, env="CLIENT_THREADS"),
+    Setting("log_level", "info", "log level", env="CLIENT_LOG_LEVEL", choices=("debug", "info", "warning", "error")),
+    Setting(
+        "log_format", "json", "json (one object per line) or text", env="CLIENT_LOG_FORMAT", choices=("json", "text")
+    ),
+)

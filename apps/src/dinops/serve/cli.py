@@ -1,0 +1,118 @@
+"""`dinops serve`: the DINO inference API under gunicorn.
+
+Every option below is also an environment variable (flag > environment > default). gunicorn runs
+``--workers`` processes with ``--threads`` request threads each; each worker builds its own model after the
+fork (the master never loads torch's CUDA state) and batches the requests of its threads. One worker per GPU.
+
+Endpoints: POST /v1/detect, POST /inference (the original service's contract), GET /healthz, /readyz,
+/metrics, /openapi.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from dinops.serve import logs
+from dinops.serve.settings import ENV_PREFIXES, SETTINGS
+from dinops.settings import SettingsError, add_arguments, check_unknown_env, resolve
+
+log = logging.getLogger("dinops.serve")
+
+# Kubernetes injects <SERVICE>_SERVICE_HOST, <SERVICE>_PORT_8000_TCP... for every Service in the namespace;
+# a Service named dino-api would otherwise trip the unknown-variable check.
+_SERVICE_LINK = re.compile(
+    r"^[A-Z0-9_]+_(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT(_\d+_(TCP|UDP|SCTP)(_[A-Z]+)?)?)$"
+)
+
+
+def without_service_links(environ: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in environ.items() if not _SERVICE_LINK.match(k)}
+
+
+def resolve_from_env(args: argparse.Namespace, table, prefixes: tuple[str, ...], prog: str) -> None:
+    """Fill the settings not given as flags from the environment (service links ignored), deprecated names
+    with a warning on stderr; raises :class:`SettingsError` for unknown or invalid variables."""
+    environ = without_service_links(os.environ)
+    check_unknown_env(table, prefixes, environ)
+    resolve(args, table, environ, warn=lambda message: print(f"{prog}: {message}", file=sys.stderr))
+
+
+def get_args_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dinops serve", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_arguments(parser, SETTINGS)
+    return parser
+
+
+def gunicorn_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "bind": args.bind,
+        "workers": args.workers,
+        "worker_class": "gthread",
+        "threads": args.threads,
+        "preload_app": False,  # the model, and CUDA, belong in the workers
+        "timeout": max(120, int(args.request_timeout_s) + 30),  # model loading happens in a thread; this is slack
+        "graceful_timeout": 30,
+        "keepalive": 5,
+        "accesslog": "-",
+        "errorlog": "-",
+        "loglevel": args.log_level,
+        "logconfig_dict": logs.logging_config(args.log_level, args.log_format, ("gunicorn.error", "gunicorn.access")),
+        "proc_name": "dinops-serve",
+    }
+
+
+def run_gunicorn(app_factory, options: dict[str, Any]) -> None:
+    from gunicorn.app.base import BaseApplication
+
+    class Server(BaseApplication):
+        def load_config(self) -> None:
+            for key, value in options.items():
+                self.cfg.set(key, value)
+            if "control_socket_disable" in self.cfg.settings:  # gunicorn >= 24: no socket in $HOME (read-only)
+                self.cfg.set("control_socket_disable", True)
+            if os.path.isdir("/dev/shm"):  # worker heartbeats in memory, not on a read-only or slow /tmp
+                self.cfg.set("worker_tmp_dir", "/dev/shm")
+
+        def load(self):  # runs in each worker, after the fork
+            return app_factory()
+
+    Server().run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = get_args_parser().parse_args(argv)
+    try:
+        resolve_from_env(args, SETTINGS, ENV_PREFIXES, "dinops serve")
+    except SettingsError as exc:
+        print(f"dinops serve: {exc}", file=sys.stderr)
+        return 2
+    logs.configure(args.log_level, args.log_format)
+    for name in ("checkpoint", "config", "class_names"):
+        value = getattr(args, name)
+        if value and not Path(value).is_file():
+            env = next(s.env for s in SETTINGS if s.dest == name)
+            print(f"dinops serve: --{name.replace('_', '-')} ({env}) {value}: no such file", file=sys.stderr)
+            return 2
+    if not args.checkpoint:
+        print("dinops serve: no checkpoint: set DINO_CHECKPOINT or --checkpoint to a .pth file", file=sys.stderr)
+        return 2
+    config = {s.dest.upper(): getattr(args, s.dest) for s in SETTINGS}
+
+    def app_factory():
+        from dinops.serve.app import create_app
+
+        app = create_app(config)
+        app.extensions["dino"].start()
+        return app
+
+    run_gunicorn(app_factory, gunicorn_options(args))
+    return 0

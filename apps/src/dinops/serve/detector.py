@@ -1,0 +1,197 @@
+"""The model as the service sees it: preprocessing identical to evaluation, one batched forward, postprocess.
+
+Tensor contract (from :mod:`dinops.model`): ``model(images, mask)`` takes images float [B,3,H,W] normalised
+with the ImageNet mean/std and mask bool [B,H,W] (True = padding); ``postprocess(outputs, target_sizes)``
+with target sizes [B,2] as (h, w) of the *original* images returns per image ``scores`` [K], ``labels`` [K]
+and ``boxes`` [K,4] xyxy in those original pixels.
+
+:func:`load_detector` reads files and builds the model; tests construct :class:`Detector` directly with any
+module that honours the contract.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import runpy
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from torchvision import tv_tensors
+
+from dinops.data.transforms import eval_transforms
+from dinops.serve import classes
+
+log = logging.getLogger(__name__)
+
+
+class ModelLoadError(RuntimeError):
+    """The model cannot be built or loaded; the message says which file and why."""
+
+
+@dataclass
+class Prediction:
+    scores: list[float]
+    labels: list[int]
+    boxes: list[list[float]]  # xyxy in pixels of the original (upright) image
+
+
+@dataclass
+class Detector:
+    model: torch.nn.Module
+    postprocess: Callable[..., list[dict[str, torch.Tensor]]]
+    pad_images: Callable[[list[torch.Tensor]], tuple[torch.Tensor, torch.Tensor]]
+    class_names: classes.ClassNames = field(default_factory=classes.coco)
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    precision: str = "fp32"
+    min_size: int = 800
+    max_size: int = 1333
+    num_select: int = 300
+    info: dict[str, Any] = field(default_factory=dict)  # checkpoint, backend, config: reported by /readyz
+
+    def __post_init__(self) -> None:
+        self.model.eval().to(self.device)
+        self._pipeline = eval_transforms(self.min_size, self.max_size)
+
+    @staticmethod
+    def prepare(image: Image.Image) -> np.ndarray:
+        """RGB PIL image -> HWC uint8 array. Runs in the request threads, so it uses no torch op: torch's
+        intra-op thread pools, one per calling thread, would oversubscribe the CPU (measured: 100x slower)."""
+        return np.array(image, dtype=np.uint8)  # a writable copy, as torch.from_numpy wants
+
+    def preprocess(self, pixels: np.ndarray) -> torch.Tensor:
+        """HWC uint8 -> normalised float [3,h,w] on the model's device, resized exactly as evaluation does
+        (the same transform objects, applied on the device)."""
+        image = torch.from_numpy(pixels).permute(2, 0, 1).to(self.device, non_blocking=True).contiguous()
+        resized = self._pipeline.geometric(tv_tensors.Image(image))
+        return self._pipeline.finish.image(resized).as_subclass(torch.Tensor)
+
+    def _autocast(self):
+        if self.device.type == "cuda" and self.precision in {"bf16", "fp16"}:
+            dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
+            return torch.autocast("cuda", dtype=dtype)
+        return contextlib.nullcontext()
+
+    @torch.inference_mode()
+    def forward(self, images: Sequence[np.ndarray], sizes: Sequence[tuple[int, int]]) -> list[Prediction]:
+        """Preprocess and run a batch of :meth:`prepare` d images; ``sizes`` are their (h, w), in which boxes
+        are returned."""
+        batch, mask = self.pad_images([self.preprocess(image) for image in images])
+        with self._autocast():
+            outputs = self.model(batch, mask)
+        logits = outputs["pred_logits"]
+        num_select = min(self.num_select, logits.shape[1] * logits.shape[2])
+        target_sizes = torch.tensor(sizes, dtype=torch.float32, device=logits.device)
+        outputs = {k: (v.float() if torch.is_tensor(v) and v.is_floating_point() else v) for k, v in outputs.items()}
+        results = self.postprocess(outputs, target_sizes, num_select=num_select)
+        predictions = []
+        for result, (h, w) in zip(results, sizes, strict=True):
+            boxes = result["boxes"].float().cpu()
+            boxes[:, 0::2] = boxes[:, 0::2].clamp(0, w)
+            boxes[:, 1::2] = boxes[:, 1::2].clamp(0, h)
+            predictions.append(
+                Prediction(result["scores"].float().cpu().tolist(), result["labels"].cpu().tolist(), boxes.tolist())
+            )
+        return predictions
+
+    def warm_up(self) -> float:
+        """One forward pass on a blank image of a typical size; returns its duration in seconds."""
+        start = time.perf_counter()
+        self.forward([self.prepare(Image.new("RGB", (640, 480), (114, 114, 114)))], [(480, 640)])
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() - start
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"device {name!r} was requested but no CUDA GPU is visible to this process")
+    return device
+
+
+def read_config(path: str) -> dict[str, Any]:
+    """A JSON object, or an official DINO ``.py`` config (plain assignments) taken as its globals."""
+    file = Path(path)
+    if not file.is_file():
+        raise ModelLoadError(f"model config {path} does not exist")
+    if file.suffix == ".py":
+        values = runpy.run_path(str(file))
+        return {k: v for k, v in values.items() if not k.startswith("_") and not callable(v)}
+    try:
+        value = json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ModelLoadError(f"model config {path} is not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise ModelLoadError(f"model config {path} must hold a JSON object")
+    return value
+
+
+def backend_name() -> str:
+    from dinops import model as dino_model
+
+    probe = getattr(dino_model, "deformable_attention_backend", None)
+    return str(probe()) if callable(probe) else "pytorch"
+
+
+def load_detector(config: dict[str, Any]) -> Detector:
+    """Build the model from ``config`` (the app's settings, keys as in :mod:`dinops.serve.settings`)."""
+    from dinops import model as dino_model
+    from dinops.model.checkpoint import read_checkpoint
+
+    path = config["CHECKPOINT"]
+    if not path:
+        raise ModelLoadError("no checkpoint given: set DINO_CHECKPOINT (or --checkpoint) to a .pth file")
+    if not Path(path).is_file():
+        raise ModelLoadError(f"checkpoint {path} does not exist (DINO_CHECKPOINT)")
+    try:
+        checkpoint = read_checkpoint(path)
+    except Exception as exc:
+        raise ModelLoadError(f"checkpoint {path} cannot be used: {exc}") from exc
+    official = read_config(config["CONFIG"]) if config["CONFIG"] else (checkpoint.get("args") or {})
+    if not official:
+        raise ModelLoadError(f"checkpoint {path} carries no 'args'; give the model config with DINO_CONFIG")
+    try:
+        cfg = dino_model.DINOConfig.from_official(official)
+        model = dino_model.build_dino(cfg)
+        dino_model.load_checkpoint(model, path)
+    except Exception as exc:
+        raise ModelLoadError(f"cannot build the model from {path}: {exc}") from exc
+    if config["CLASS_NAMES"]:
+        names = classes.from_file(config["CLASS_NAMES"])
+    else:
+        names = classes.from_checkpoint(checkpoint) or classes.coco()
+    del checkpoint
+    device = resolve_device(config["DEVICE"])
+    precision = config["PRECISION"]
+    if precision != "fp32" and device.type != "cuda":
+        log.warning("precision %s applies on a GPU only; running fp32 on %s", precision, device)
+    info = {
+        "checkpoint": str(path),
+        "backend": backend_name(),
+        "num_classes": getattr(cfg, "num_classes", None),
+        "num_queries": getattr(cfg, "num_queries", None),
+        "backbone": getattr(cfg, "backbone", None),
+        "class_names": names.source,
+    }
+    return Detector(
+        model=model,
+        postprocess=dino_model.postprocess,
+        pad_images=dino_model.pad_images,
+        class_names=names,
+        device=device,
+        precision=precision,
+        min_size=config["MIN_SIZE"],
+        max_size=config["MAX_SIZE"],
+        num_select=config["NUM_SELECT"],
+        info=info,
+    )

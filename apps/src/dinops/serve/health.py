@@ -1,0 +1,46 @@
+"""``GET /healthz`` (the process answers), ``GET /readyz`` (model loaded and warmed up), ``GET /metrics``."""
+
+from __future__ import annotations
+
+from flask import Blueprint, Response, current_app, jsonify
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+bp = Blueprint("health", __name__)
+
+
+@bp.get("/healthz")
+def healthz():
+    return jsonify(status="alive")
+
+
+@bp.get("/readyz")
+def readyz():
+    runtime = current_app.extensions["dino"]
+    if runtime.state != "ready":
+        body = {"status": runtime.state if runtime.state != "idle" else "loading"}
+        if runtime.error:
+            body["error"] = runtime.error
+        response = jsonify(body)
+        response.status_code = 503
+        return response
+    detector = runtime.detector
+    return jsonify(
+        status="ready",
+        device=str(detector.device),
+        backend=detector.info.get("backend", "pytorch"),
+        checkpoint=detector.info.get("checkpoint"),
+        precision=detector.precision if detector.device.type == "cuda" else "fp32",
+        warmup_s=None if runtime.warmup_s is None else round(runtime.warmup_s, 3),
+        model=detector.info,
+        batching={
+            "max_batch": current_app.config["BATCH_MAX_SIZE"],
+            "max_wait_ms": current_app.config["BATCH_MAX_WAIT_MS"],
+            "queue_size": current_app.config["QUEUE_SIZE"],
+        },
+    )
+
+
+@bp.get("/metrics")
+def metrics():
+    registry = current_app.extensions["dino_metrics"].registry
+    return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST.split(";")[0])

@@ -1,0 +1,139 @@
+"""The OpenAPI 3.0 description served at ``/openapi.json``; a test checks it lists every route of the app."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_ERROR = {"$ref": "#/components/schemas/Error"}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    text = {
+        400: "bad image or parameter",
+        401: "missing or wrong bearer token",
+        413: "upload or image too large",
+        415: "not an accepted content type or image format",
+        503: "busy, loading or overloaded; see Retry-After",
+    }
+    return {str(c): {"description": text[c], "content": {"application/json": {"schema": _ERROR}}} for c in codes}
+
+
+def _image_body() -> dict[str, Any]:
+    binary = {"type": "string", "format": "binary"}
+    return {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {"type": "object", "required": ["image"], "properties": {"image": binary}}
+            },
+            "image/*": {"schema": binary},
+        },
+    }
+
+
+def spec(config: dict[str, Any]) -> dict[str, Any]:
+    threshold = {
+        "name": "threshold",
+        "in": "query",
+        "schema": {"type": "number", "minimum": 0, "maximum": 1, "default": config["THRESHOLD"]},
+        "description": "drop detections scoring below this",
+    }
+    max_det = {
+        "name": "max_detections",
+        "in": "query",
+        "schema": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": config["MAX_DETECTIONS"],
+            "default": config["MAX_DETECTIONS"],
+        },
+    }
+    classes = {
+        "name": "classes",
+        "in": "query",
+        "schema": {"type": "string"},
+        "description": "comma-separated class ids or names to keep (e.g. 'person,dog' or '1,18')",
+    }
+    detection = {
+        "type": "object",
+        "properties": {
+            "box": {
+                "type": "array",
+                "items": {"type": "number"},
+                "minItems": 4,
+                "maxItems": 4,
+                "description": "x1,y1,x2,y2 pixels",
+            },
+            "label": {"type": "integer", "description": "category id (COCO ids for COCO models)"},
+            "name": {"type": "string"},
+            "score": {"type": "number"},
+        },
+    }
+    security = [{"bearer": []}] if config["API_TOKEN"] else []
+    return {
+        "openapi": "3.0.3",
+        "info": {"title": "dinops DINO inference API", "version": "1"},
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": {
+                "Error": {"type": "object", "properties": {"error": {"type": "string"}, "code": {"type": "string"}}},
+                "Detection": detection,
+            },
+        },
+        "paths": {
+            "/v1/detect": {
+                "post": {
+                    "summary": "detect objects in one image",
+                    "security": security,
+                    "parameters": [threshold, max_det, classes],
+                    "requestBody": _image_body(),
+                    "responses": {
+                        "200": {
+                            "description": "detections in pixels of the (EXIF-upright) original image",
+                            "content": {
+                                "application/json": {
+                                    "schema": {
+                                        "type": "object",
+                                        "properties": {
+                                            "width": {"type": "integer"},
+                                            "height": {"type": "integer"},
+                                            "detections": {
+                                                "type": "array",
+                                                "items": {"$ref": "#/components/schemas/Detection"},
+                                            },
+                                            "threshold": {"type": "number"},
+                                            "model": {"type": "object"},
+                                            "device": {"type": "string"},
+                                            "backend": {"type": "string"},
+                                            "timing": {"type": "object"},
+                                        },
+                                    }
+                                }
+                            },
+                        },
+                        **_errors(400, 401, 413, 415, 503),
+                    },
+                }
+            },
+            "/inference": {
+                "post": {
+                    "summary": "the original service's contract: parallel lists, boxes normalised x1,y1,x2,y2",
+                    "security": security,
+                    "parameters": [threshold],
+                    "requestBody": _image_body(),
+                    "responses": {"200": {"description": "scores, labels, boxes"}, **_errors(400, 401, 413, 415, 503)},
+                }
+            },
+            "/healthz": {"get": {"summary": "the process is alive", "responses": {"200": {"description": "alive"}}}},
+            "/readyz": {
+                "get": {
+                    "summary": "model loaded and warmed up; device, backend, checkpoint",
+                    "responses": {"200": {"description": "ready"}, "503": {"description": "loading or failed"}},
+                }
+            },
+            "/metrics": {
+                "get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text format"}}}
+            },
+            "/openapi.json": {"get": {"summary": "this document", "responses": {"200": {"description": "OpenAPI 3"}}}},
+        },
+    }

@@ -1,0 +1,178 @@
+"""Settings of the inference API (`dinops serve`): one table, read by the CLI, the app factory and the tests.
+
+Every environment variable starts with ``DINO_``; an unknown ``DINO_*`` variable stops the server at start-up
+(see :func:`dinops.settings.check_unknown_env`), so a misspelt name in a manifest cannot go unnoticed. The value
+checkers below also serve the client's and the downloader's tables (this module imports nothing heavy).
+"""
+
+from __future__ import annotations
+
+from dinops.settings import Setting
+
+ENV_PREFIXES = ("DINO_",)
+
+
+def fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"must lie between 0 and 1, got {value}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"must be at least 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(f"must not be negative, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise ValueError(f"must be positive, got {value}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise ValueError(f"must not be negative, got {value}")
+    return value
+
+
+SETTINGS: tuple[Setting, ...] = (
+    # Model
+    Setting("checkpoint", "", "checkpoint file (official DINO or dinops training output)", env="DINO_CHECKPOINT"),
+    Setting(
+        "config",
+        "",
+        "model configuration (JSON or an official DINO .py config); empty: the checkpoint's own args",
+        env="DINO_CONFIG",
+    ),
+    Setting("device", "auto", "auto (first GPU if there is one, else CPU), cpu, cuda or cuda:N", env="DINO_DEVICE"),
+    Setting(
+        "precision",
+        "fp32",
+        "fp32, or bf16/fp16 autocast on a GPU (ignored on CPU)",
+        env="DINO_PRECISION",
+        choices=("fp32", "bf16", "fp16"),
+    ),
+    Setting(
+        "class_names",
+        "",
+        "file with class names (JSON list/dict, COCO categories, or one per line)",
+        env="DINO_CLASS_NAMES",
+    ),
+    Setting(
+        "min_size",
+        800,
+        "resize the shorter image side to this many pixels (as evaluation)",
+        type=positive_int,
+        env="DINO_MIN_SIZE",
+    ),
+    Setting(
+        "max_size",
+        1333,
+        "cap on the longer image side after resizing (as evaluation)",
+        type=positive_int,
+        env="DINO_MAX_SIZE",
+    ),
+    Setting(
+        "num_select",
+        300,
+        "top-k candidates taken from the model's queries before thresholding",
+        type=positive_int,
+        env="DINO_NUM_SELECT",
+    ),
+    Setting(
+        "torch_threads",
+        0,
+        "CPU threads of torch's operators (0: torch's default, all cores; set it to the pod's CPU limit)",
+        type=int,
+        env="DINO_TORCH_THREADS",
+    ),
+    Setting("warmup", True, "run one forward pass before reporting ready", type=bool, env="DINO_WARMUP"),
+    # Answers
+    Setting(
+        "threshold", 0.3, "default score threshold of /v1/detect and /inference", type=fraction, env="DINO_THRESHOLD"
+    ),
+    Setting(
+        "max_detections",
+        100,
+        "default (and upper bound of) max_detections per image",
+        type=positive_int,
+        env="DINO_MAX_DETECTIONS",
+    ),
+    # Batching
+    Setting(
+        "batch_max_size",
+        8,
+        "most images in one forward pass (1 turns batching off)",
+        type=positive_int,
+        env="DINO_BATCH_MAX_SIZE",
+    ),
+    Setting(
+        "batch_max_wait_ms",
+        10.0,
+        "longest wait for more images before a batch runs",
+        type=non_negative_float,
+        env="DINO_BATCH_MAX_WAIT_MS",
+    ),
+    Setting(
+        "queue_size",
+        64,
+        "images waiting for the model; beyond it requests get 503",
+        type=positive_int,
+        env="DINO_QUEUE_SIZE",
+    ),
+    Setting(
+        "request_timeout_s",
+        30.0,
+        "longest wait of one request for its result",
+        type=non_negative_float,
+        env="DINO_REQUEST_TIMEOUT_S",
+    ),
+    # Limits and access
+    Setting(
+        "max_upload_mb",
+        20.0,
+        "largest accepted request body, in MiB",
+        type=non_negative_float,
+        env="DINO_MAX_UPLOAD_MB",
+    ),
+    Setting(
+        "max_image_pixels",
+        40_000_000,
+        "largest accepted image (width x height)",
+        type=positive_int,
+        env="DINO_MAX_IMAGE_PIXELS",
+    ),
+    Setting("api_token", "", "bearer token required by the detection endpoints (empty: no auth)", env="DINO_API_TOKEN"),
+    Setting(
+        "cors_origins",
+        "",
+        "comma-separated origins allowed by CORS, or * (empty: no CORS headers)",
+        env="DINO_CORS_ORIGINS",
+    ),
+    # Server
+    Setting("bind", "0.0.0.0:8000", "address:port to listen on", env="DINO_BIND"),
+    Setting(
+        "workers",
+        1,
+        "gunicorn worker processes (each holds one model; one per GPU)",
+        type=positive_int,
+        env="DINO_WORKERS",
+    ),
+    Setting("threads", 32, "request threads per worker (they feed the batcher)", type=positive_int, env="DINO_THREADS"),
+    Setting("log_level", "info", "log level", env="DINO_LOG_LEVEL", choices=("debug", "info", "warning", "error")),
+    Setting(
+        "log_format", "json", "json (one object per line) or text", env="DINO_LOG_FORMAT", choices=("json", "text")
+    ),
+)

@@ -1,0 +1,75 @@
+"""Fixtures for the web client: a scriptable fake API on 127.0.0.1, the app and its test client."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from flask import Flask, jsonify, request
+from werkzeug.serving import make_server
+
+from dinops.client.app import create_app
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "browser: drives a real headless Chromium (its own CI stage)")
+
+
+class FakeApi:
+    """Answers /v1/detect with whatever ``self.reply`` says, and records what it received."""
+
+    def __init__(self) -> None:
+        self.reply: dict = {}
+        self.received: list[dict] = []
+        app = Flask("fake_api")
+
+        @app.post("/v1/detect")
+        def detect():
+            self.received.append(
+                {"args": dict(request.args), "type": request.mimetype, "body": request.get_data(),
+                 "auth": request.headers.get("Authorization")}
+            )  # fmt: skip
+            if self.reply.get("sleep"):
+                time.sleep(self.reply["sleep"])
+            status = self.reply.get("status", 200)
+            if "raw" in self.reply:
+                return self.reply["raw"], status, {"Content-Type": "text/html"}
+            response = jsonify(self.reply.get("json", {}))
+            response.status_code = status
+            response.headers.update(self.reply.get("headers", {}))
+            return response
+
+        @app.get("/readyz")
+        def readyz():
+            return jsonify(status="ready")
+
+        self.server = make_server("127.0.0.1", 0, app, threaded=True)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture(scope="session")
+def _fake_api():
+    api = FakeApi()
+    yield api
+    api.server.shutdown()
+
+
+@pytest.fixture
+def fake_api(_fake_api):
+    _fake_api.reply, _fake_api.received = {}, []
+    return _fake_api
+
+
+@pytest.fixture
+def make_client(fake_api):
+    def _make(**overrides):
+        return create_app({"TESTING": True, "API_URL": fake_api.url, **overrides}).test_client()
+
+    return _make
+
+
+@pytest.fixture
+def client(make_client):
+    return make_client()

@@ -1,0 +1,144 @@
+"""A real headless Chromium (Debian's, driven by Playwright) against the real client and API processes.
+
+Run on its own with ``pytest -m browser``; needs ``/usr/bin/chromium`` (apt package ``chromium``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import requests
+from PIL import Image
+
+from dinops.serve.testing import free_port, running, write_small_checkpoint
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = Path(__file__).resolve().parents[3] / "artifacts"
+XSS = "<img src=x onerror=\"document.title='pwned'\">"
+PALETTE = ["#e6194b", "#3cb44b", "#4363d8", "#f58231", "#911eb4", "#42d4f4", "#f032e6", "#9a6324"]
+MAX_DETECTIONS = 8
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    """The API (small model whose class names are HTML) and the client, both under gunicorn on 127.0.0.1."""
+    root = tmp_path_factory.mktemp("stack")
+    names = [f"{XSS}class{i}" for i in range(91)]
+    checkpoint = write_small_checkpoint(root / "small.pth", seed=2, class_names=names)
+    api, client = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    api_env = {"DINO_CHECKPOINT": str(checkpoint), "DINO_BIND": api, "DINO_MIN_SIZE": "64", "DINO_MAX_SIZE": "96"}
+    client_env = {
+        "DINO_API_URL": f"http://{api}",
+        "CLIENT_BIND": client,
+        "THRESHOLD": "0",
+        "CLIENT_MAX_DETECTIONS": str(MAX_DETECTIONS),
+        "CLIENT_MAX_UPLOAD_MB": "2",
+    }
+    with (
+        running("serve", api_env, f"http://{api}", root / "serve.log"),
+        running("client", client_env, f"http://{client}", root / "client.log"),
+    ):
+        yield {"api": f"http://{api}", "client": f"http://{client}", "root": root}
+
+
+@pytest.fixture(scope="module")
+def page(stack):
+    if not CHROMIUM.exists():
+        pytest.fail("the browser test needs Debian's chromium: apt-get install -y chromium")
+    from playwright.sync_api import sync_playwright
+
+    args = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync"]  # fmt: skip
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=args)
+        page = browser.new_page(viewport={"width": 1100, "height": 1000})
+        page.set_default_timeout(120_000)
+        yield page
+        browser.close()
+
+
+def test_upload_draws_the_api_answer_safely(stack, page):
+    image_path = stack["root"] / "street.jpg"
+    Image.effect_noise((160, 120), 60).convert("RGB").save(image_path, "JPEG")
+    page.goto(stack["client"] + "/")
+    assert page.title() == "DINO object detection"
+    page.set_input_files("#file", str(image_path))
+    page.wait_for_selector('#status[data-state="done"]')
+
+    rows = page.locator("tr.detection")
+    listed = [
+        (
+            int(r.get_attribute("data-label")),
+            float(r.get_attribute("data-score")),
+            json.loads(r.get_attribute("data-box")),
+        )
+        for r in rows.all()
+    ]
+    answer = requests.post(
+        f"{stack['api']}/v1/detect?threshold=0&max_detections={MAX_DETECTIONS}",
+        data=image_path.read_bytes(),
+        headers={"Content-Type": "image/jpeg"},
+        timeout=120,
+    ).json()
+    assert len(listed) == len(answer["detections"]) == MAX_DETECTIONS
+    for (label, score, box), expected in zip(listed, answer["detections"], strict=True):
+        assert label == expected["label"]
+        assert score == pytest.approx(expected["score"], abs=1e-3)
+        assert box == pytest.approx(expected["box"], abs=0.05)
+
+    # class names are HTML on purpose: shown as text, never parsed
+    assert rows.first.locator("td").first.text_content() == answer["detections"][0]["name"]
+    assert page.locator("#detections img, canvas ~ img").count() == 0
+    assert page.title() == "DINO object detection"
+
+    # the canvas shows the image at its size, with the first box's colour drawn on it
+    size = page.evaluate("() => [document.getElementById('canvas').width, document.getElementById('canvas').height]")
+    assert size == [160, 120]
+    colour = PALETTE[listed[0][0] % len(PALETTE)]
+    painted = page.evaluate(
+        """(hex) => {
+            const c = document.getElementById('canvas');
+            const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+            const rgb = [1, 3, 5].map((i) => parseInt(hex.slice(i, i + 2), 16));
+            let n = 0;
+            for (let i = 0; i < d.length; i += 4) {
+                if (d[i] === rgb[0] && d[i + 1] === rgb[1] && d[i + 2] === rgb[2]) n++;
+            }
+            return n;
+        }""",
+        colour,
+    )
+    assert painted > 50
+    assert "answered in" in page.text_content("#latency")
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "client-browser.png"), full_page=True)
+
+    # the slider re-filters without a new request
+    cut = sorted(score for _, score, _ in listed)[MAX_DETECTIONS // 2]
+    page.locator("#threshold").fill(f"{cut:.2f}")
+    kept = [s for _, s, _ in listed if s >= round(cut, 2)]
+    assert page.locator("tr.detection").count() == len(kept)
+    assert page.text_content("#status").startswith(f"{len(kept)} of {MAX_DETECTIONS} detections")
+
+
+def test_errors_are_shown_in_plain_words(stack, page, tmp_path):
+    page.goto(stack["client"] + "/")
+    fake = tmp_path / "holiday.png"
+    fake.write_text("this is not a picture")
+    page.set_input_files("#file", str(fake))
+    page.wait_for_selector('#status[data-state="error"]')
+    assert page.text_content("#status").startswith("The image was rejected: The data is not an image")
+    big = tmp_path / "big.png"
+    big.write_bytes(b"\x89PNG" + bytes(3 * 2**20))
+    page.set_input_files("#file", str(big))
+    page.wait_for_function("document.getElementById('status').textContent.includes('the limit is 2 MB')")
+    assert page.get_attribute("#status", "data-state") == "error"
+    good = tmp_path / "ok.png"  # and the page recovers after errors
+    Image.new("RGB", (4, 4)).save(good, "PNG")
+    page.set_input_files("#file", str(good))
+    page.wait_for_selector('#status[data-state="done"]')
+    assert page.locator("tr.detection").count() == MAX_DETECTIONS
