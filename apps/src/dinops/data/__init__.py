@@ -1,0 +1,1 @@
+"""Datasets for DINO: COCO-format annotations (validated), DINO's augmentation, a synthetic dataset, loaders."""
