@@ -13,7 +13,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 INVENTORY ?= inventories/local
 ANSIBLE_ARGS ?=
 STAGE := scripts/stage.sh
-MOLECULE_SCENARIOS ?= $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
+MOLECULE_SCENARIOS ?=
 PYTEST_ARGS ?=
 
 .PHONY: help up test setup setup-controller venv venv-controller collections docker molecule-image \
@@ -79,11 +79,8 @@ lint: $(VENV)/.dev ## yamllint, ansible-lint (production, no skips), ruff, hadol
 	  if [ -n "$$files" ]; then echo "hadolint $$files"; hadolint $$files; fi
 	$(MAKE) --no-print-directory syntax
 
-molecule: $(VENV)/.dev ## Every Molecule scenario: converge, idempotence (changed=0), verify
-	@failed=""; for s in $(MOLECULE_SCENARIOS); do \
-	  $(STAGE) molecule-$$s molecule test -s $$s || failed="$$failed $$s"; \
-	done; \
-	if [ -n "$$failed" ]; then echo "molecule scenarios failed:$$failed"; exit 1; fi
+molecule: $(VENV)/.dev ## Every Molecule scenario: converge, idempotence (changed=0), verify (MOLECULE_JOBS at a time)
+	scripts/molecule-all.sh $(MOLECULE_SCENARIOS)
 
 pytest: $(VENV)/.dev ## Python tests: the apps, the Ansible plugins, inventories and manifests
 	python -m pytest -m "not browser and not images" $(PYTEST_ARGS)

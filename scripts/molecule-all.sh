@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Run Molecule scenarios, MOLECULE_JOBS at a time (default 3: most of a scenario's time is apt and container
+# start-up, not CPU). Each scenario logs to artifacts/molecule/<scenario>.log and prints its timing line; a failed
+# scenario's log tail is printed. Exit status 1 when any scenario failed.
+#   scripts/molecule-all.sh [SCENARIO ...]     (default: every molecule/*/molecule.yml)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+jobs=${MOLECULE_JOBS:-3}
+logs=artifacts/molecule
+mkdir -p "$logs"
+if [ $# -eq 0 ]; then
+  set -- $(for f in molecule/*/molecule.yml; do basename "$(dirname "$f")"; done)
+fi
+
+run_one() {
+  local scenario=$1 start status
+  start=$(date +%s)
+  molecule test -s "$scenario" >"artifacts/molecule/$scenario.log" 2>&1
+  status=$?
+  if [ $status -eq 0 ]; then
+    echo "stage molecule-$scenario: passed in $(($(date +%s) - start))s"
+  else
+    echo "stage molecule-$scenario: FAILED (exit $status) in $(($(date +%s) - start))s; last lines of its log:"
+    tail -n 60 "artifacts/molecule/$scenario.log" | sed "s/^/  [$scenario] /"
+  fi
+  return $status
+}
+export -f run_one
+
+printf '%s\n' "$@" | xargs -P "$jobs" -I{} bash -c 'run_one "$@"' _ {} | tee -a "${DINOPS_TIMINGS:-/dev/null}"
+status=${PIPESTATUS[1]}
+[ "$status" -eq 0 ] || { echo "some Molecule scenarios failed (logs in $logs/)"; exit 1; }
