@@ -5,7 +5,7 @@ set -euo pipefail
 purpose=${1:?usage: system-packages.sh controller|test}
 case $purpose in
   controller) wanted=(python3-venv git) ;;
-  test) wanted=(python3-venv git docker.io debootstrap chromium rsync) ;;
+  test) wanted=(python3-venv git docker.io debootstrap chromium openssh-client rsync) ;;
   *) echo "unknown purpose $purpose" >&2; exit 2 ;;
 esac
 missing=()

@@ -1,0 +1,97 @@
+"""Decisions of the cloud_aws role, as pure functions over ec2_instance_info results and the machine plan."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Nitro instances (every GPU type in the default table) expose an EBS volume as an NVMe device whose serial is
+# the volume id without its dash; udev names it after that serial.
+NVME_EBS_BY_ID = "/dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_"
+
+
+def _machine_tag(instance: dict[str, Any]) -> str | None:
+    return (instance.get("tags") or {}).get("Machine")
+
+
+def cloud_aws_outdated_instances(instances: list[dict[str, Any]], machines: list[dict[str, Any]]) -> list[dict]:
+    """Instances of planned machines whose profile or instance type differs from the plan."""
+    planned = {m["name"]: m for m in machines}
+    outdated = []
+    for instance in instances:
+        machine = planned.get(_machine_tag(instance))
+        if machine is None:
+            continue
+        profile = (instance.get("tags") or {}).get("GpuProfile")
+        reasons = []
+        if profile != machine["profile"]:
+            reasons.append(f"profile {profile} -> {machine['profile']}")
+        if instance.get("instance_type") != machine["instance_type"]:
+            reasons.append(f"instance type {instance.get('instance_type')} -> {machine['instance_type']}")
+        if reasons:
+            outdated.append(
+                {"machine": machine["name"], "instance_id": instance["instance_id"], "reason": ", ".join(reasons)}
+            )
+    return outdated
+
+
+def cloud_aws_unplanned_instances(instances: list[dict[str, Any]], machines: list[dict[str, Any]]) -> list[dict]:
+    """Instances of this deployment that no planned machine describes (left alone by cloud_up)."""
+    names = {m["name"] for m in machines}
+    return [
+        {"machine": _machine_tag(i), "instance_id": i["instance_id"]} for i in instances if _machine_tag(i) not in names
+    ]
+
+
+def cloud_aws_instance_tags(machine: dict[str, Any], common_tags: dict[str, str]) -> dict[str, str]:
+    """Tags of a machine's instance: the deployment's tags plus what the dynamic inventory groups by."""
+    return {
+        **common_tags,
+        "Machine": machine["name"],
+        "GpuProfile": machine["profile"],
+        "Workloads": ",".join(machine["workloads"]),
+    }
+
+
+def cloud_aws_launched(instance_results: list[dict[str, Any]], data_device_name: str) -> list[dict[str, Any]]:
+    """One entry per machine from the ec2_instance loop results: its instance and attached data volume, if any."""
+    launched = []
+    for result in instance_results:
+        instance = result["instances"][0]
+        mapped = [m for m in instance.get("block_device_mappings", []) if m.get("device_name") == data_device_name]
+        launched.append(
+            {
+                "machine": result["__cloud_aws_machine"],
+                "instance_id": instance["instance_id"],
+                "address": instance.get("public_ip_address") or instance.get("private_ip_address"),
+                "data_volume_id": mapped[0]["ebs"]["volume_id"] if mapped else None,
+            }
+        )
+    return launched
+
+
+def cloud_aws_with_volumes(launched: list[dict[str, Any]], volume_results: list[dict[str, Any]]) -> list[dict]:
+    """``launched`` with the volume ids that ec2_vol just attached filled in."""
+    attached = {r["__cloud_aws_launch"]["machine"]["name"]: r["volume_id"] for r in volume_results if "volume_id" in r}
+    return [
+        {**entry, "data_volume_id": attached.get(entry["machine"]["name"], entry["data_volume_id"])}
+        for entry in launched
+    ]
+
+
+def cloud_aws_data_device(volume_id: str) -> str:
+    """Stable device path of an attached EBS volume on a Nitro instance."""
+    if not volume_id.startswith("vol-"):
+        raise ValueError(f"not an EBS volume id: {volume_id!r}")
+    return NVME_EBS_BY_ID + volume_id.replace("-", "", 1)
+
+
+class FilterModule:
+    def filters(self) -> dict[str, Any]:
+        return {
+            "cloud_aws_outdated_instances": cloud_aws_outdated_instances,
+            "cloud_aws_unplanned_instances": cloud_aws_unplanned_instances,
+            "cloud_aws_instance_tags": cloud_aws_instance_tags,
+            "cloud_aws_data_device": cloud_aws_data_device,
+            "cloud_aws_launched": cloud_aws_launched,
+            "cloud_aws_with_volumes": cloud_aws_with_volumes,
+        }
