@@ -62,13 +62,13 @@ syntax: $(VENV)/.controller
 	@for p in playbooks/*.yml; do ansible-playbook -i $(INVENTORY) $$p --syntax-check >/dev/null || exit 1; done
 
 # --- tests -----------------------------------------------------------------------------------------------------------
-test: ## Run every test (what CI runs), printing one timing line per stage
-	@$(STAGE) set-up $(MAKE) --no-print-directory setup
-	@$(STAGE) lint $(MAKE) --no-print-directory lint
-	@$(STAGE) molecule $(MAKE) --no-print-directory molecule
-	@$(STAGE) python-tests $(MAKE) --no-print-directory pytest
-	@$(STAGE) images $(MAKE) --no-print-directory images
-	@$(STAGE) browser $(MAKE) --no-print-directory browser
+test: ## Run every test (what CI runs), printing one timing line per stage; every stage runs, failures reported at the end
+	@failed=""; \
+	for stage in set-up:setup lint:lint molecule:molecule python-tests:pytest images:images browser:browser; do \
+	  $(STAGE) $${stage%%:*} $(MAKE) --no-print-directory $${stage##*:} || failed="$$failed $${stage%%:*}"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "make test: failed stages:$$failed"; exit 1; fi; \
+	echo "make test: all stages passed"
 
 lint: $(VENV)/.dev ## yamllint, ansible-lint (production, no skips), ruff, hadolint, syntax checks
 	yamllint --strict .
