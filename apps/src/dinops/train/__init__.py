@@ -1,0 +1,1 @@
+"""Training and evaluation of DINO: `dinops train`, `dinops eval`, `dinops analyze`."""

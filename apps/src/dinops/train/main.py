@@ -1,0 +1,392 @@
+"""`dinops train`: train DINO on a COCO-format dataset, in one process or under torchrun.
+
+Single process (CPU or one GPU)::
+
+    dinops train --data-root data/coco --output-dir out/r50
+
+Several GPUs on one node (NCCL), or several CPU processes (gloo)::
+
+    torchrun --nproc-per-node 4 -m dinops.train.main --data-root data/coco --output-dir out/r50
+
+Every setting is a flag and a ``DINO_*`` environment variable (flag > environment > default; unknown
+``DINO_*`` variables are an error); ``dinops train --help`` lists them and docs/training.md has the table.
+The resolved configuration goes to ``OUTPUT_DIR/config.json``.
+
+Resuming: ``--resume auto`` continues from ``OUTPUT_DIR/checkpoint.pth`` when it exists (a fresh start when
+not), restoring model, optimizer, scheduler, scaler, epoch, step within the epoch, sampler position and RNG
+state. The latest checkpoint is rewritten atomically at each epoch end and every ``--checkpoint-steps``
+optimizer steps. SIGTERM (pod eviction, preemption) lets the current step finish, writes the checkpoint and
+exits 0, so a retried Kubernetes Job continues where it stopped.
+
+Evaluation only: ``--eval true --resume PATH`` (or ``dinops eval``). Reports: console lines with ETA
+(``console.log``), ``log.txt`` (one JSON line per epoch, official DINO field names), TensorBoard events,
+``name=value`` metric lines on stdout for Katib, optional profiler traces (``--profile-steps``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import logging
+import math
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from dinops.data.coco import AnnotationError, CocoDetection
+from dinops.data.loader import ResumableBatchSampler, collate
+from dinops.data.transforms import eval_transforms, train_transforms
+from dinops.settings import SettingsError, add_arguments, check_unknown_env, resolve
+from dinops.train import checkpoints, dist
+from dinops.train.coco_eval import STAT_NAMES, evaluate
+from dinops.train.engine import Hooks, StepState, predict, train_one_epoch
+from dinops.train.logs import TensorBoard, append_log_txt, metric_lines, setup_logging, teardown_logging
+from dinops.train.model_setup import lr_factor, model_config, param_groups
+from dinops.train.settings import ENV_PREFIX, SETTINGS
+
+log = logging.getLogger("dinops.train")
+metrics_out = logging.getLogger("dinops.metrics")  # bare `name=value` lines on stdout for Katib
+
+
+def get_args_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dinops train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_arguments(parser, SETTINGS)
+    return parser
+
+
+def int_list(text: str, name: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise SettingsError(f"{name}={text!r}: expected comma-separated integers") from None
+
+
+def parse_args(argv: list[str] | None, environ: dict[str, str] | None = None) -> argparse.Namespace:
+    """Flags, then DINO_* variables, then defaults; reject unknown variables and unusable values."""
+    environ = dict(os.environ) if environ is None else environ
+    args = get_args_parser().parse_args(argv)
+    check_unknown_env(SETTINGS, (ENV_PREFIX,), environ)
+    args = resolve(args, SETTINGS, environ)
+    root = Path(args.data_root)
+    args.train_images = args.train_images or str(root / "train2017")
+    args.train_annotations = args.train_annotations or str(root / "annotations" / "instances_train2017.json")
+    args.val_images = args.val_images or str(root / "val2017")
+    args.val_annotations = args.val_annotations or str(root / "annotations" / "instances_val2017.json")
+    args.train_scales_list = int_list(args.train_scales, "--train-scales")
+    args.crop_scales_list = int_list(args.crop_scales, "--crop-scales")
+    args.crop_size_list = int_list(args.crop_size, "--crop-size")
+    args.lr_drop_list = int_list(args.lr_drop, "--lr-drop")
+    problems = []
+    for name in ("epochs", "batch_size", "accum_steps", "max_size", "eval_size"):
+        if getattr(args, name) < 1:
+            problems.append(f"--{name.replace('_', '-')} must be >= 1")
+    for name in (
+        "num_workers",
+        "checkpoint_steps",
+        "eval_every",
+        "max_steps",
+        "profile_steps",
+        "warmup_steps",
+        "num_select",
+    ):
+        if getattr(args, name) < 0:
+            problems.append(f"--{name.replace('_', '-')} must be >= 0")
+    if args.checkpoint_every < 1:
+        problems.append("--checkpoint-every must be >= 1")
+    if len(args.crop_size_list) != 2 or args.crop_size_list[0] > args.crop_size_list[1]:
+        problems.append("--crop-size needs two integers MIN,MAX with MIN <= MAX")
+    if not args.train_scales_list or not args.crop_scales_list:
+        problems.append("--train-scales and --crop-scales need at least one size")
+    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    if args.device == "cuda" and not torch.cuda.is_available():
+        problems.append("--device cuda but no GPU is visible")
+    if args.amp == "fp16" and not cuda:
+        problems.append("--amp fp16 needs a GPU (use bf16 or none on CPU)")
+    if args.eval and not (args.resume or args.pretrained):
+        problems.append("--eval needs a model: --resume PATH or --pretrained PATH")
+    for name in ("pretrained", "backbone_weights"):
+        if getattr(args, name) and not Path(getattr(args, name)).is_file():
+            problems.append(f"--{name.replace('_', '-')} {getattr(args, name)}: no such file")
+    if problems:
+        raise SettingsError("; ".join(problems))
+    return args
+
+
+def setup_device(args: argparse.Namespace) -> torch.device:
+    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    if use_cuda:
+        torch.backends.cuda.matmul.allow_tf32 = args.tf32
+        torch.backends.cudnn.allow_tf32 = args.tf32
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device("cpu")
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    import random
+
+    import numpy as np
+
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
+    if deterministic:
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+
+def build_loaders(args: argparse.Namespace, world: int, rank: int, device: torch.device):
+    train_set = CocoDetection(
+        args.train_images,
+        args.train_annotations,
+        train_transforms(args.train_scales_list, args.max_size, args.crop_scales_list, tuple(args.crop_size_list)),
+        seed=args.seed,
+        cache_dir=args.cache_dir or None,
+    )
+    val_set = CocoDetection(
+        args.val_images,
+        args.val_annotations,
+        eval_transforms(args.eval_size, args.max_size),
+        cache_dir=args.cache_dir or None,
+    )
+    try:
+        train_sampler = ResumableBatchSampler(
+            len(train_set), args.batch_size, num_replicas=world, rank=rank, seed=args.seed
+        )
+    except ValueError as exc:  # fewer images than one global batch
+        raise SettingsError(f"{args.train_annotations}: {exc}") from None
+    val_sampler = ResumableBatchSampler(
+        len(val_set), args.batch_size, num_replicas=world, rank=rank, shuffle=False, drop_last=False
+    )
+    common = {
+        "collate_fn": collate,
+        "num_workers": args.num_workers,
+        "pin_memory": args.pin_memory and device.type == "cuda",
+        "generator": torch.Generator(),  # the loader's seeds never draw from the global RNG a resume restores
+    }
+    return (
+        train_set,
+        val_set,
+        DataLoader(train_set, batch_sampler=train_sampler, **common),
+        DataLoader(val_set, batch_sampler=val_sampler, **common),
+    )
+
+
+class StopRequest:
+    """Remembers SIGTERM/SIGINT; the training loop finishes its step, checkpoints and exits 0.
+
+    A second signal exits at once (status 128 + signal number) without writing a checkpoint.
+    """
+
+    def __init__(self) -> None:
+        self.requested = False
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:  # a second signal (Ctrl-C twice): stop now, the last checkpoint stays
+            log.warning("second %s: exiting without a new checkpoint", signal.Signals(signum).name)
+            raise SystemExit(128 + signum)
+        self.requested = True
+        log.warning(
+            "received %s: finishing this step, then writing a checkpoint and exiting", signal.Signals(signum).name
+        )
+
+
+def run_evaluation(model, postprocess, val_set, val_loader, device, args) -> tuple[list[float], list[dict]]:
+    detections = predict(model, postprocess, val_loader, device, args.amp, args.num_select, args.progress)
+    gathered = [d for part in dist.all_gather_object(detections) for d in part]
+    stats, table = evaluate(val_set.document, gathered) if dist.is_main() else ([], "")
+    if dist.is_main():
+        log.info("bbox evaluation on %s (%d images):\n%s", args.val_annotations, len(val_set), table)
+    return dist.broadcast_object(stats), gathered
+
+
+def train(args: argparse.Namespace) -> int:
+    from dinops.model import build_criterion, build_dino, load_checkpoint, postprocess
+
+    device = setup_device(args)
+    rank, world, _ = dist.init_distributed(device.type)
+    output_dir = Path(args.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    setup_logging(output_dir, rank == 0)
+    seed_everything(args.seed + rank, args.deterministic)
+
+    train_set, val_set, train_loader, val_loader = build_loaders(args, world, rank, device)
+    num_classes = args.num_classes or train_set.num_classes
+    cfg = model_config(args, num_classes, max(train_set.dn_labelbook_size, num_classes))
+    args.model_cfg = cfg.to_dict()
+    args.num_select = args.num_select or cfg.num_select
+    model = build_dino(cfg).to(device)
+    criterion = build_criterion(cfg).to(device)
+    if args.pretrained:
+        load_checkpoint(model, args.pretrained, num_classes=num_classes)
+        log.info("initialised from %s", args.pretrained)
+    n_parameters = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    bare = model
+    if world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None, find_unused_parameters=True
+        )
+
+    global_batch = args.batch_size * args.accum_steps * world
+    steps_per_epoch = train_loader.batch_sampler.batches_per_epoch() // args.accum_steps
+    if steps_per_epoch < 1:
+        raise SettingsError(f"one epoch of {len(train_set)} images holds no step of {global_batch} images")
+    # fused: one kernel for all parameters (about 5x faster than the loop on CPU as well)
+    optimizer = torch.optim.AdamW(
+        param_groups(bare, args.lr, args.lr_backbone), lr=args.lr, weight_decay=args.weight_decay, fused=True
+    )
+    drop_steps = [e * steps_per_epoch for e in args.lr_drop_list]
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, args.warmup_steps, drop_steps))
+    scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")
+
+    state = StepState()
+    resume_from = checkpoints.resume_path(args.resume, output_dir)
+    if resume_from is not None:
+        if args.eval:  # any checkpoint with weights, official ones included
+            load_checkpoint(bare, resume_from, num_classes=num_classes)
+        else:
+            state = checkpoints.restore(
+                resume_from, bare, optimizer, scheduler, scaler, args.model_cfg, global_batch, rank
+            )
+        log.info("resumed from %s at epoch %d step %d", resume_from, state.epoch, state.step)
+
+    if rank == 0:
+        resolved = {k: v for k, v in vars(args).items()} | {
+            "world_size": world,
+            "global_batch": global_batch,
+            "n_parameters": n_parameters,
+        }
+        (output_dir / "config.json").write_text(json.dumps(resolved, indent=2, default=str))
+    log.info(
+        "model %s: %d trainable parameters; %d steps of %d images per epoch",
+        args.model,
+        n_parameters,
+        steps_per_epoch,
+        global_batch,
+    )
+
+    if args.eval:
+        stats, detections = run_evaluation(model, postprocess, val_set, val_loader, device, args)
+        if rank == 0:
+            (output_dir / "eval.json").write_text(
+                json.dumps({"stats": dict(zip(STAT_NAMES, stats, strict=True)), "detections": detections})
+            )
+            metrics_out.info("\n".join(metric_lines({"bbox_ap": stats[0], "bbox_ap50": stats[1]})))
+        dist.shutdown()
+        return 0
+
+    stop = StopRequest()
+    tensorboard = TensorBoard(output_dir, args.tensorboard and rank == 0)
+
+    def save_latest(s: StepState) -> None:
+        ckpt = checkpoints.training_state(bare, optimizer, scheduler, scaler, s, args, global_batch)
+        if rank == 0:
+            checkpoints.save_atomic(ckpt, output_dir / checkpoints.LATEST)
+            log.info("checkpoint: epoch %d step %d -> %s", s.epoch, s.step, output_dir / checkpoints.LATEST)
+        dist.barrier()
+
+    hooks = Hooks(
+        should_stop=lambda: stop.requested,
+        save_latest=save_latest,
+        on_step=lambda s, values: tensorboard.scalars("train", values, s.global_step),
+    )
+    profiler = None
+    if args.profile_steps and rank == 0:
+        profiler = torch.profiler.profile(
+            schedule=torch.profiler.schedule(wait=1, warmup=1, active=args.profile_steps, repeat=1),
+            on_trace_ready=torch.profiler.tensorboard_trace_handler(str(output_dir / "profile")),
+        )
+        profiler.start()
+        hooks.profiler = profiler
+
+    began = time.time()
+    while state.epoch < args.epochs:
+        epoch_began = time.time()
+        train_loader.batch_sampler.set_epoch(state.epoch, state.step * args.accum_steps)
+        train_set.set_epoch(state.epoch)
+        train_stats, reason = train_one_epoch(
+            model, criterion, train_loader, optimizer, scheduler, scaler, device, state, args, steps_per_epoch, hooks
+        )
+        if reason == "signal":
+            if state.step == steps_per_epoch:  # the last step of an epoch: its evaluation runs after the resume
+                save_latest(state)
+            log.info("stopped at epoch %d step %d; `--resume auto` continues from here", state.epoch, state.step)
+            break
+        if reason == "max_steps":
+            log.info("reached --max-steps %d at epoch %d step %d", args.max_steps, state.epoch, state.step)
+            break
+        state.epoch, state.step = state.epoch + 1, 0
+        record: dict[str, Any] = {f"train_{k}": v for k, v in train_stats.items()}
+        finished = state.epoch == args.epochs or (args.max_steps and state.global_step >= args.max_steps)
+        if args.eval_every and (state.epoch % args.eval_every == 0 or finished):
+            stats, _ = run_evaluation(model, postprocess, val_set, val_loader, device, args)
+            record["test_coco_eval_bbox"] = stats
+            if stats[0] > state.best_ap:
+                state.best_ap = stats[0]
+                ckpt = checkpoints.training_state(bare, optimizer, scheduler, scaler, state, args, global_batch)
+                if rank == 0:
+                    checkpoints.save_atomic(ckpt, output_dir / checkpoints.BEST)
+        record |= {
+            "epoch": state.epoch - 1,
+            "n_parameters": n_parameters,
+            "now_time": str(datetime.datetime.now()),
+            "epoch_time": str(datetime.timedelta(seconds=int(time.time() - epoch_began))),
+        }
+        save_latest(state)
+        if rank == 0:
+            if state.epoch % args.checkpoint_every == 0 or (state.epoch in args.lr_drop_list):
+                checkpoints.keep_copy(
+                    output_dir / checkpoints.LATEST, output_dir / checkpoints.numbered(state.epoch - 1)
+                )
+            append_log_txt(output_dir, record)
+            ap = record.get("test_coco_eval_bbox", [math.nan])[0]
+            epoch_values = {"epoch": state.epoch - 1, "loss": train_stats.get("loss", math.nan), "bbox_ap": ap}
+            tensorboard.scalars(
+                "epoch",
+                epoch_values | {"bbox_ap50": record.get("test_coco_eval_bbox", [0, math.nan])[1]},
+                state.epoch - 1,
+            )
+            metrics_out.info("\n".join(metric_lines(epoch_values)))
+        if finished:
+            break
+    if profiler is not None:
+        profiler.stop()
+    tensorboard.close()
+    log.info("training time %.1f s", time.time() - began)
+    dist.shutdown()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    metrics_out.handlers[:] = [handler]
+    metrics_out.propagate = False
+    metrics_out.setLevel(logging.INFO)
+    setup_logging(None, True)
+    try:
+        args = parse_args(argv)
+        return train(args)
+    except (SettingsError, AnnotationError, FileNotFoundError) as exc:
+        log.error("dinops train: %s", exc)
+        return 2
+    except FloatingPointError as exc:
+        log.error("dinops train: %s", exc)
+        return 1
+    finally:
+        teardown_logging()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

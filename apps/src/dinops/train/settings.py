@@ -1,0 +1,80 @@
+"""The settings of `dinops train` and `dinops eval`: flag, environment variable, default.
+
+Precedence: command-line flag > environment variable > default. Every ``DINO_*`` environment variable that
+is not in this table is an error (a misspelt setting in a Kubernetes manifest fails the pod instead of being
+ignored). The resolved values are written to ``OUTPUT_DIR/config.json``. Defaults are the official DINO
+4-scale R50 recipe (12 epochs) on COCO 2017.
+"""
+
+from __future__ import annotations
+
+from dinops.settings import Setting
+
+ENV_PREFIX = "DINO_"
+PRESETS = ("dino-4scale-r50", "tiny")
+
+
+def _s(dest: str, default, help: str, type=str, choices=None) -> Setting:
+    return Setting(dest=dest, default=default, help=help, type=type, env=ENV_PREFIX + dest.upper(), choices=choices)
+
+
+SETTINGS: tuple[Setting, ...] = (
+    # data
+    _s("data_root", "data/coco", "COCO 2017 layout root: train2017/, val2017/, annotations/instances_*.json"),
+    _s("train_images", "", "training image folder (default DATA_ROOT/train2017)"),
+    _s("train_annotations", "", "training annotation file (default DATA_ROOT/annotations/instances_train2017.json)"),
+    _s("val_images", "", "validation image folder (default DATA_ROOT/val2017)"),
+    _s("val_annotations", "", "validation annotation file (default DATA_ROOT/annotations/instances_val2017.json)"),
+    _s("train_scales", "480,512,544,576,608,640,672,704,736,768,800", "shorter-side sizes of the multi-scale resize"),
+    _s("crop_scales", "400,500,600", "shorter-side sizes before the random crop"),
+    _s("crop_size", "384,600", "smallest and largest side of the random crop"),
+    _s("max_size", 1333, "largest longer side after resizing (training and evaluation)", int),
+    _s("eval_size", 800, "shorter-side size for evaluation", int),
+    _s("num_workers", 2, "data loader worker processes per training process", int),
+    _s("pin_memory", True, "pin batches in page-locked memory (GPU only)", bool),
+    _s("cache_dir", "", "local folder for decoded images (datasets on slow network storage); empty = off"),
+    # model
+    _s("model", "dino-4scale-r50", "model preset", choices=PRESETS),
+    _s("model_overrides", "", "comma-separated DINOConfig overrides, e.g. 'hidden_dim=128,dec_layers=2'"),
+    _s("num_classes", 0, "class count; 0 = derived from the training annotations (max category id + 1)", int),
+    _s(
+        "pretrained",
+        "",
+        "initialise from this checkpoint (official DINO or dinops); class heads reset if counts differ",
+    ),
+    _s("backbone_weights", "", "ImageNet backbone state dict file (torchvision ResNet layout)"),
+    # optimisation
+    _s("epochs", 12, "number of epochs", int),
+    _s("batch_size", 2, "images per process per step", int),
+    _s(
+        "accum_steps",
+        1,
+        "micro-batches accumulated per optimizer step (effective batch = batch x accum x processes)",
+        int,
+    ),
+    _s("lr", 1e-4, "AdamW learning rate of the transformer and heads", float),
+    _s("lr_backbone", 1e-5, "AdamW learning rate of the backbone (0 freezes it)", float),
+    _s("weight_decay", 1e-4, "AdamW weight decay", float),
+    _s("clip_max_norm", 0.1, "gradient clipping max norm (0 = off)", float),
+    _s("lr_drop", "11", "comma-separated epochs at which the learning rate is multiplied by 0.1"),
+    _s("warmup_steps", 0, "linear learning-rate warm-up over this many optimizer steps", int),
+    _s("amp", "none", "mixed precision on GPU", choices=("none", "bf16", "fp16")),
+    _s("tf32", True, "allow TF32 matrix multiplies on Ampere and newer GPUs", bool),
+    _s("seed", 42, "random seed", int),
+    _s("deterministic", False, "deterministic algorithms (bitwise-reproducible resume on CPU; slower)", bool),
+    _s("device", "auto", "device", choices=("auto", "cpu", "cuda")),
+    _s("max_steps", 0, "stop after this many optimizer steps in total (0 = run all epochs)", int),
+    # checkpoints and evaluation
+    _s("output_dir", "output", "checkpoints, log.txt, console.log, config.json, TensorBoard events"),
+    _s("resume", "", "'auto' (latest in OUTPUT_DIR if any), a checkpoint path, or empty"),
+    _s("checkpoint_every", 1, "keep a numbered checkpoint every K epochs (and at each learning-rate drop)", int),
+    _s("checkpoint_steps", 1000, "also update the latest checkpoint every N optimizer steps (0 = per epoch only)", int),
+    _s("eval_every", 1, "evaluate on the validation split every K epochs (0 = never during training)", int),
+    _s("eval", False, "only evaluate the model (from --resume or --pretrained) and exit", bool),
+    _s("num_select", 0, "detections kept per image for evaluation (0 = the model's num_select)", int),
+    # logging
+    _s("print_freq", 50, "console line every N steps", int),
+    _s("tensorboard", True, "write TensorBoard events to OUTPUT_DIR/tensorboard", bool),
+    _s("profile_steps", 0, "record a PyTorch profiler trace of this many steps into OUTPUT_DIR/profile", int),
+    _s("progress", False, "a progress bar during evaluation (for a person at a terminal)", bool),
+)
