@@ -1,0 +1,150 @@
+"""What the minikube role does with a profile, decided from a read-only probe (pytest: tests/cluster/).
+
+The probe reads the profile's ``config.json`` (what the cluster was created with) and ``minikube status -o json``
+(what runs now). ``minikube start`` on a cluster that already runs is not free (it re-applies addons and may
+restart components), and several properties cannot change on an existing cluster at all: minikube keeps the
+old value with a warning. So the role never starts blindly; it does what this table says:
+
+=========  ===============================================================================================
+none       created with the wanted settings and running
+create     no profile yet
+start      created with the wanted settings but stopped (or a newer Kubernetes version: minikube upgrades
+           in place)
+unpause    created with the wanted settings and paused
+recreate   created with settings that only a new cluster can change (driver, runtime, GPUs, CPUs, memory,
+           disk, published ports, an older Kubernetes version) or a profile minikube cannot read; allowed
+           only with ``minikube_allow_recreate``, because deleting the cluster deletes its volumes
+refuse     recreate needed but not allowed: the role stops and lists the reasons
+=========  ===============================================================================================
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+ACTIONS = ("none", "create", "start", "unpause", "recreate", "refuse")
+VERSION = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)")
+
+
+class MinikubeDecisionError(ValueError):
+    """The desired state itself is unusable (a role input error, not a cluster state)."""
+
+
+def _version(text: str) -> tuple[int, int, int]:
+    match = VERSION.match(str(text or ""))
+    if not match:
+        raise MinikubeDecisionError(f"not a Kubernetes version: {text!r} (expected like v1.33.1)")
+    return int(match[1]), int(match[2]), int(match[3])
+
+
+def _load(text: Any) -> dict[str, Any] | None:
+    """Probe output as a dict: None when absent or not a JSON object."""
+    if isinstance(text, dict):
+        return text
+    if not text or not str(text).strip():
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _immutable_differences(config: dict[str, Any], desired: dict[str, Any]) -> list[str]:
+    reasons = []
+    kubernetes = config.get("KubernetesConfig") or {}
+    driver = desired["driver"]
+    checks = [
+        ("driver", config.get("Driver"), driver),
+        ("container runtime", kubernetes.get("ContainerRuntime"), desired["container_runtime"]),
+    ]
+    # The none driver runs on the host itself: GPUs, CPUs, memory, disk and ports are the host's.
+    if driver != "none":
+        checks += [
+            ("GPUs", config.get("GPUs") or "", desired.get("gpus") or ""),
+            ("CPUs", config.get("CPUs"), int(desired["cpus"])),
+            ("memory (MB)", config.get("Memory"), int(desired["memory_mb"])),
+            ("disk (MB)", config.get("DiskSize"), int(desired["disk_mb"])),
+            ("published ports", sorted(config.get("ExposedPorts") or []), sorted(desired.get("ports") or [])),
+        ]
+    for what, have, want in checks:
+        if have != want:
+            reasons.append(f"{what}: created with {have!r}, wanted {want!r}")
+    return reasons
+
+
+def minikube_action(config_text: Any, status_text: Any, desired: dict[str, Any]) -> dict[str, Any]:
+    """Decide from the probe. Returns ``{"action": one of ACTIONS, "reasons": [sentences]}``.
+
+    ``config_text``: the profile's config.json content ('' or None when there is no profile).
+    ``status_text``: ``minikube status -o json`` output ('' when minikube printed nothing).
+    ``desired``: driver, container_runtime, gpus, cpus, memory_mb, disk_mb, ports, kubernetes_version,
+    allow_recreate.
+    """
+    wanted_version = _version(desired["kubernetes_version"])
+    if config_text is None or not str(config_text).strip():
+        return {"action": "create", "reasons": ["no minikube profile yet"]}
+    config = _load(config_text)
+    if config is None:
+        return _recreate(["the profile's config.json is not a JSON object minikube could have written"], desired)
+
+    reasons = _immutable_differences(config, desired)
+    have_version_text = (config.get("KubernetesConfig") or {}).get("KubernetesVersion", "")
+    try:
+        have_version = _version(have_version_text)
+    except MinikubeDecisionError:
+        reasons.append(f"Kubernetes version: created with {have_version_text!r}, which is not a version")
+        have_version = wanted_version
+    if have_version > wanted_version:
+        reasons.append(
+            f"Kubernetes version: created with {have_version_text}, wanted {desired['kubernetes_version']} "
+            "(minikube cannot downgrade a cluster)"
+        )
+    if reasons:
+        return _recreate(reasons, desired)
+
+    if have_version < wanted_version:
+        return {
+            "action": "start",
+            "reasons": [f"Kubernetes {have_version_text} is upgraded in place to {desired['kubernetes_version']}"],
+        }
+
+    status = _load(status_text) or {}
+    components = {key: status.get(key) for key in ("Host", "Kubelet", "APIServer")}
+    if all(state == "Running" for state in components.values()):
+        return {"action": "none", "reasons": ["running with the wanted settings"]}
+    if components["APIServer"] == "Paused":
+        return {"action": "unpause", "reasons": ["the cluster is paused"]}
+    described = ", ".join(f"{key} {value or 'unknown'}" for key, value in components.items())
+    return {"action": "start", "reasons": [f"not running ({described})"]}
+
+
+def _recreate(reasons: list[str], desired: dict[str, Any]) -> dict[str, Any]:
+    if desired.get("allow_recreate"):
+        return {"action": "recreate", "reasons": reasons}
+    return {"action": "refuse", "reasons": reasons}
+
+
+def minikube_start_args(desired: dict[str, Any]) -> list[str]:
+    """The ``minikube start`` arguments that create a profile matching ``desired`` (and what the probe checks)."""
+    args = [
+        f"--profile={desired['profile']}",
+        f"--driver={desired['driver']}",
+        f"--container-runtime={desired['container_runtime']}",
+        f"--kubernetes-version={desired['kubernetes_version']}",
+    ]
+    if desired["driver"] != "none":
+        args += [f"--cpus={int(desired['cpus'])}", f"--memory={int(desired['memory_mb'])}mb"]
+        args += [f"--disk-size={int(desired['disk_mb'])}mb"]
+        if desired.get("gpus"):
+            args.append(f"--gpus={desired['gpus']}")
+        args += [f"--ports={port}" for port in sorted(desired.get("ports") or [])]
+    args += [str(arg) for arg in desired.get("extra_args") or []]
+    return args
+
+
+class FilterModule:
+    def filters(self) -> dict[str, Any]:
+        return {"minikube_action": minikube_action, "minikube_start_args": minikube_start_args}

@@ -1,0 +1,156 @@
+"""Every probed state of a minikube profile and what the role does about it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+DESIRED = {
+    "profile": "dinops",
+    "driver": "docker",
+    "container_runtime": "docker",
+    "gpus": "all",
+    "cpus": 6,
+    "memory_mb": 24576,
+    "disk_mb": 102400,
+    "ports": ["30000:30000"],
+    "kubernetes_version": "v1.33.1",
+    "allow_recreate": False,
+}
+RUNNING = {"Name": "dinops", "Host": "Running", "Kubelet": "Running", "APIServer": "Running"}
+
+
+def config(**changes):
+    """A profile config.json as minikube writes it for DESIRED, with some fields changed."""
+    kubernetes = {"KubernetesVersion": "v1.33.1", "ContainerRuntime": "docker", "ClusterName": "dinops"}
+    kubernetes.update(changes.pop("kubernetes", {}))
+    data = {
+        "Name": "dinops",
+        "Driver": "docker",
+        "GPUs": "all",
+        "CPUs": 6,
+        "Memory": 24576,
+        "DiskSize": 102400,
+        "ExposedPorts": ["30000:30000"],
+        "KubernetesConfig": kubernetes,
+    }
+    data.update(changes)
+    return json.dumps(data)
+
+
+def status(**states):
+    return json.dumps({**RUNNING, **states})
+
+
+def decide(module, config_text, status_text, **desired):
+    return module.minikube_action(config_text, status_text, {**DESIRED, **desired})
+
+
+@pytest.mark.parametrize("absent", [None, "", "  \n"])
+def test_no_profile_is_created(minikube_decision, absent):
+    assert decide(minikube_decision, absent, "") == {"action": "create", "reasons": ["no minikube profile yet"]}
+
+
+def test_running_with_the_wanted_settings_does_nothing(minikube_decision):
+    assert decide(minikube_decision, config(), status())["action"] == "none"
+
+
+@pytest.mark.parametrize(
+    "states",
+    [
+        {"Host": "Stopped", "Kubelet": "Stopped", "APIServer": "Stopped"},
+        {"Kubelet": "Stopped"},
+        {"APIServer": "Error"},
+        {"Host": "Nonexistent", "Kubelet": "Nonexistent", "APIServer": "Nonexistent"},
+    ],
+)
+def test_stopped_or_broken_components_are_started(minikube_decision, states):
+    result = decide(minikube_decision, config(), status(**states))
+    assert result["action"] == "start"
+    assert result["reasons"][0].startswith("not running (")
+
+
+@pytest.mark.parametrize("status_text", ["", "not json", "[1, 2]"])
+def test_unreadable_status_means_start(minikube_decision, status_text):
+    result = decide(minikube_decision, config(), status_text)
+    assert result == {"action": "start", "reasons": ["not running (Host unknown, Kubelet unknown, APIServer unknown)"]}
+
+
+def test_paused_is_unpaused(minikube_decision):
+    assert decide(minikube_decision, config(), status(APIServer="Paused", Kubelet="Stopped"))["action"] == "unpause"
+
+
+def test_newer_kubernetes_is_an_in_place_upgrade(minikube_decision):
+    result = decide(minikube_decision, config(kubernetes={"KubernetesVersion": "v1.32.0"}), status())
+    assert result == {"action": "start", "reasons": ["Kubernetes v1.32.0 is upgraded in place to v1.33.1"]}
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({"Driver": "none"}, "driver: created with 'none', wanted 'docker'"),
+        ({"kubernetes": {"ContainerRuntime": "containerd"}}, "container runtime: created with 'containerd'"),
+        ({"GPUs": ""}, "GPUs: created with '', wanted 'all'"),
+        ({"CPUs": 2}, "CPUs: created with 2, wanted 6"),
+        ({"Memory": 8192}, "memory (MB): created with 8192, wanted 24576"),
+        ({"DiskSize": 20000}, "disk (MB): created with 20000, wanted 102400"),
+        ({"ExposedPorts": []}, "published ports: created with [], wanted ['30000:30000']"),
+        ({"kubernetes": {"KubernetesVersion": "v1.34.0"}}, "minikube cannot downgrade a cluster"),
+        ({"kubernetes": {"KubernetesVersion": "latest"}}, "which is not a version"),
+    ],
+)
+def test_settings_only_a_new_cluster_can_change_need_a_recreate(minikube_decision, changes, reason):
+    refused = decide(minikube_decision, config(**changes), status())
+    assert refused["action"] == "refuse"
+    assert len(refused["reasons"]) == 1 and reason in refused["reasons"][0]
+    allowed = decide(minikube_decision, config(**changes), status(), allow_recreate=True)
+    assert allowed == {"action": "recreate", "reasons": refused["reasons"]}
+
+
+def test_profile_created_before_the_gpu_runtime_lists_every_difference(minikube_decision):
+    """The users' trap: a profile made before --gpus existed, with default resources."""
+    old = config(GPUs="", CPUs=2, Memory=2200, ExposedPorts=None)
+    result = decide(minikube_decision, old, status(Host="Stopped"), allow_recreate=True)
+    assert result["action"] == "recreate"
+    assert [r.split(":")[0] for r in result["reasons"]] == ["GPUs", "CPUs", "memory (MB)", "published ports"]
+
+
+@pytest.mark.parametrize("text", ["{not json", "[]", '"a string"'])
+def test_unreadable_profile_needs_a_recreate(minikube_decision, text):
+    assert decide(minikube_decision, text, status())["action"] == "refuse"
+    assert decide(minikube_decision, text, status(), allow_recreate=True)["action"] == "recreate"
+
+
+def test_none_driver_ignores_what_the_host_decides(minikube_decision):
+    none_config = config(Driver="none", GPUs="", CPUs=2, Memory=6000, DiskSize=20000, ExposedPorts=[])
+    result = decide(minikube_decision, none_config, status(), driver="none", gpus="")
+    assert result["action"] == "none"
+
+
+def test_a_bad_wanted_version_is_an_input_error(minikube_decision):
+    with pytest.raises(minikube_decision.MinikubeDecisionError, match="not a Kubernetes version: 'stable'"):
+        decide(minikube_decision, config(), status(), kubernetes_version="stable")
+
+
+def test_start_arguments_create_what_the_probe_checks(minikube_decision):
+    args = minikube_decision.minikube_start_args({**DESIRED, "extra_args": ["--addons=ingress"]})
+    assert args == [
+        "--profile=dinops",
+        "--driver=docker",
+        "--container-runtime=docker",
+        "--kubernetes-version=v1.33.1",
+        "--cpus=6",
+        "--memory=24576mb",
+        "--disk-size=102400mb",
+        "--gpus=all",
+        "--ports=30000:30000",
+        "--addons=ingress",
+    ]
+    none_args = minikube_decision.minikube_start_args({**DESIRED, "driver": "none", "gpus": ""})
+    assert none_args == [
+        "--profile=dinops",
+        "--driver=none",
+        "--container-runtime=docker",
+        "--kubernetes-version=v1.33.1",
+    ]

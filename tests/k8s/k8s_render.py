@@ -1,0 +1,114 @@
+"""Rendering helpers shared by the manifest tests (imported as k8s.k8s_render: pytest.ini puts tests/ on the path)."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+K8S = REPO / "k8s"
+OVERLAYS = ("cpu", "minikube-gpu", "k3s-gpu")
+GPU_OVERLAYS = ("minikube-gpu", "k3s-gpu")
+GPU = "nvidia.com/gpu"
+
+
+def load_workloads_filters():
+    """The workloads role's filter plugin, imported from its file as Ansible would load it."""
+    path = REPO / "roles" / "workloads" / "filter_plugins" / "workloads.py"
+    spec = importlib.util.spec_from_file_location("dinops_workloads_filters", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def kustomize(directory: Path) -> list[dict]:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.fail("kubectl is not on PATH; the manifest tests render with `kubectl kustomize`")
+    result = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        pytest.fail(f"kubectl kustomize {directory} failed:\n{result.stderr}")
+    return [obj for obj in yaml.safe_load_all(result.stdout) if obj]
+
+
+def render_site(tmp_root: Path, name: str, settings: dict) -> list[dict]:
+    """Render the generated top layer the workloads role writes, on a copy of k8s/ as on a host."""
+    tree = tmp_root / name / "k8s"
+    shutil.copytree(K8S, tree)
+    (tree / "site").mkdir()
+    kustomization = load_workloads_filters().site_kustomization(settings)
+    (tree / "site" / "kustomization.yaml").write_text(yaml.safe_dump(kustomization, sort_keys=False))
+    return kustomize(tree / "site")
+
+
+# Settings a host profile produces, one per path through the generated layer.
+SITE_VARIANTS = {
+    "rtx3090-training-exclusive": {
+        "overlay": "minikube-gpu",
+        "train": True,
+        "gpu_sharing": "exclusive",
+        "shm_size": "8Gi",
+        "image_tag": "0.2.0-5f3a9c1e",
+        "image_registry": "registry.local:5000/",
+        "images": {"dinops-train": {"name": "registry.local/dinops-train", "tag": "abc123"}},
+        "config": {"train": {"DINO_BATCH_SIZE": 4, "DINO_AMP": True}},
+    },
+    "rtx3060ti-inference": {
+        "overlay": "k3s-gpu",
+        "train": False,
+        "gpu_sharing": "exclusive",
+        "shm_size": "2Gi",
+        "ingress": True,
+        "checkpoint_url": "https://mirror.example/dino/checkpoint0011_4scale.pth",
+        "checkpoint_sha256": "AB" * 32,
+    },
+    "time-slicing-training": {"overlay": "k3s-gpu", "train": True, "gpu_sharing": "time-slicing", "shm_size": "4Gi"},
+    "cpu-static-volumes": {
+        "overlay": "cpu",
+        "train": True,
+        "shm_size": "1Gi",
+        "static_volumes": True,
+        "storage_class": "ignored-with-static-volumes",
+    },
+    "cpu-storage-class": {"overlay": "cpu", "train": False, "shm_size": "512Mi", "storage_class": "fast-ssd"},
+    # The images stage's /etc/dinops/images.json: app -> reference, one content-hash tag per image.
+    "images-stage-tags": {
+        "overlay": "minikube-gpu",
+        "train": True,
+        "shm_size": "8G",
+        "images": {
+            "serve": "dinops-serve:0.1.0-3f2a",
+            "train": "registry.local:5000/dinops-train:0.1.0-9c1d",
+            "client": "dinops-client:0.1.0-77aa",
+            "download": "dinops-download:0.1.0-0b0b",
+            "gpu-check": "dinops-gpu-check:0.1.0-5e5e",
+        },
+    },
+}
+
+
+def find(objects: list[dict], kind: str, name: str) -> dict:
+    matches = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(matches) == 1, f"expected one {kind}/{name}, found {len(matches)}"
+    return matches[0]
+
+
+def pod_spec(obj: dict) -> dict:
+    return obj["spec"]["template"]["spec"]
+
+
+def workloads(objects: list[dict]) -> list[dict]:
+    return [o for o in objects if o["kind"] in ("Deployment", "Job")]
+
+
+def container_env(objects: list[dict], container: dict) -> dict[str, str]:
+    """Explicit env plus the keys of every ConfigMap the container takes through envFrom."""
+    env = {item["name"]: item.get("value", "") for item in container.get("env", [])}
+    for source in container.get("envFrom", []):
+        env.update(find(objects, "ConfigMap", source["configMapRef"]["name"])["data"])
+    return env

@@ -1,0 +1,150 @@
+"""The layer the workloads role generates from a host's GPU profile, rendered on top of each overlay."""
+
+from __future__ import annotations
+
+import pytest
+from k8s.k8s_render import GPU, SITE_VARIANTS, container_env, find, load_workloads_filters, pod_spec, workloads
+
+filters = load_workloads_filters()
+
+
+def shm_limit(objects):
+    return next(v for v in pod_spec(find(objects, "Job", "dinops-train"))["volumes"] if v["name"] == "shm")["emptyDir"]
+
+
+@pytest.mark.parametrize("site", sorted(SITE_VARIANTS))
+def test_shm_size_comes_from_the_profile(rendered_sites, site):
+    assert shm_limit(rendered_sites[site]) == {"medium": "Memory", "sizeLimit": SITE_VARIANTS[site]["shm_size"]}
+
+
+def test_exclusive_gpu_goes_to_training_and_inference_moves_to_cpu(rendered_sites):
+    objects = rendered_sites["rtx3090-training-exclusive"]
+    serve = find(objects, "Deployment", "dinops-serve")
+    train = find(objects, "Job", "dinops-train")
+    assert GPU not in pod_spec(serve)["containers"][0]["resources"]["limits"]
+    assert "tolerations" not in pod_spec(serve)
+    assert container_env(objects, pod_spec(serve)["containers"][0])["DINO_DEVICE"] == "cpu"
+    assert pod_spec(train)["containers"][0]["resources"]["limits"][GPU] == 1
+    env = container_env(objects, pod_spec(train)["containers"][0])
+    assert (env["DINO_DEVICE"], env["DINO_BATCH_SIZE"], env["DINO_AMP"]) == ("cuda", "4", "true")
+
+
+def test_time_slicing_keeps_the_gpu_for_both(rendered_sites):
+    objects = rendered_sites["time-slicing-training"]
+    for kind, name in (("Deployment", "dinops-serve"), ("Job", "dinops-train")):
+        container = pod_spec(find(objects, kind, name))["containers"][0]
+        assert container["resources"]["limits"][GPU] == 1
+        assert container_env(objects, container)["DINO_DEVICE"] == "cuda"
+
+
+def test_inference_host_without_training_keeps_the_gpu_for_inference(rendered_sites):
+    objects = rendered_sites["rtx3060ti-inference"]
+    assert pod_spec(find(objects, "Deployment", "dinops-serve"))["containers"][0]["resources"]["limits"][GPU] == 1
+
+
+def test_images_are_renamed_and_retagged(rendered_sites):
+    objects = rendered_sites["rtx3090-training-exclusive"]
+    images = {o["metadata"]["name"]: pod_spec(o)["containers"][0]["image"] for o in workloads(objects)}
+    assert images == {
+        "dinops-download": "registry.local:5000/dinops-download:0.2.0-5f3a9c1e",
+        "dinops-train": "registry.local/dinops-train:abc123",
+        "dinops-serve": "registry.local:5000/dinops-serve:0.2.0-5f3a9c1e",
+        "dinops-client": "registry.local:5000/dinops-client:0.2.0-5f3a9c1e",
+    }
+    staged = {
+        o["metadata"]["name"]: pod_spec(o)["containers"][0]["image"]
+        for o in workloads(rendered_sites["images-stage-tags"])
+    }
+    assert staged == {
+        "dinops-download": "dinops-download:0.1.0-0b0b",
+        "dinops-train": "registry.local:5000/dinops-train:0.1.0-9c1d",
+        "dinops-serve": "dinops-serve:0.1.0-3f2a",
+        "dinops-client": "dinops-client:0.1.0-77aa",
+    }
+    # Without a tag from the images stage, the base's tag stays.
+    assert pod_spec(find(rendered_sites["cpu-storage-class"], "Job", "dinops-download"))["containers"][0]["image"] == (
+        "dinops-download:0.1.0"
+    )
+
+
+def test_ingress_only_when_asked(rendered_sites):
+    ingresses = {site: [o for o in objs if o["kind"] == "Ingress"] for site, objs in rendered_sites.items()}
+    assert {site for site, found in ingresses.items() if found} == {"rtx3060ti-inference"}
+    paths = ingresses["rtx3060ti-inference"][0]["spec"]["rules"][0]["http"]["paths"]
+    assert {p["path"]: p["backend"]["service"]["name"] for p in paths} == {"/v1": "dinops-serve", "/": "dinops-client"}
+
+
+def test_static_volumes_bind_by_label(rendered_sites):
+    objects = rendered_sites["cpu-static-volumes"]
+    volumes = [o for o in objects if o["kind"] == "PersistentVolume"]
+    claims = [o for o in objects if o["kind"] == "PersistentVolumeClaim"]
+    assert len(volumes) == len(claims) == 2
+    for claim in claims:
+        selector = claim["spec"]["selector"]["matchLabels"]
+        matching = [v for v in volumes if selector.items() <= v["metadata"]["labels"].items()]
+        assert len(matching) == 1, claim["metadata"]["name"]
+        volume = matching[0]
+        assert claim["spec"]["storageClassName"] == volume["spec"]["storageClassName"] == ""
+        assert set(claim["spec"]["accessModes"]) <= set(volume["spec"]["accessModes"])
+        assert volume["spec"]["persistentVolumeReclaimPolicy"] == "Retain"
+
+
+def test_storage_class_override(rendered_sites):
+    claims = [o for o in rendered_sites["cpu-storage-class"] if o["kind"] == "PersistentVolumeClaim"]
+    assert [c["spec"]["storageClassName"] for c in claims] == ["fast-ssd", "fast-ssd"]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"overlay": "gke"}, "workloads_overlay must be one of"),
+        ({"gpu_sharing": "mig"}, "workloads_gpu_sharing must be one of"),
+        ({"shm_size": "8 GB"}, "workloads_shm_size must be a quantity"),
+        ({"config": {"trainer": {"DINO_EPOCHS": 1}}}, "unknown app 'trainer'"),
+        ({"config": {"train": {"DINO_RUN_NAME": "a\nb"}}}, "must be one line"),
+        ({"checkpoint_url": "ftp://host/x.pth", "checkpoint_sha256": "a" * 64}, "workloads_checkpoint_url must be"),
+        ({"checkpoint_url": "https://host/", "checkpoint_sha256": "a" * 64}, "workloads_checkpoint_url must be"),
+        ({"checkpoint_url": "https://host/x.pth", "checkpoint_sha256": "abc"}, "workloads_checkpoint_sha256 must be"),
+        ({"image_tag": "1.0 beta"}, "image tag of dinops-download must be a Docker tag"),
+        ({"images": {"serve": "registry.local:5000/dinops-serve"}}, "image serve must be 'name:tag'"),
+        ({"images": {"trainer": "dinops-trainer:1"}}, "images has unknown image 'trainer'"),
+    ],
+)
+def test_bad_settings_are_refused_with_the_variable_named(change, message):
+    settings = {"overlay": "cpu", "shm_size": "1Gi", **change}
+    with pytest.raises(filters.WorkloadsError, match=message):
+        filters.site_kustomization(settings)
+
+
+def test_training_job_is_applied_only_when_asked(rendered_sites):
+    objects = rendered_sites["cpu-storage-class"]
+    names = lambda objs: {(o["kind"], o["metadata"]["name"]) for o in objs if o["kind"] == "Job"}  # noqa: E731
+    assert names(filters.prepare_objects(objects, train=False)) == {("Job", "dinops-download")}
+    assert names(filters.prepare_objects(objects, train=True)) == {("Job", "dinops-download"), ("Job", "dinops-train")}
+
+
+def test_jobs_are_replaced_only_when_their_template_changed(rendered_sites):
+    before = filters.prepare_objects(rendered_sites["cpu-storage-class"], train=True)
+    after = filters.prepare_objects(rendered_sites["cpu-static-volumes"], train=True)
+    live = [o for o in before if o["kind"] == "Job"]
+    assert filters.jobs_to_replace(before, live) == []
+    # Only the shm size differs between the two renders: the training Job changes, the download Job does not.
+    assert filters.jobs_to_replace(after, live) == ["dinops-train"]
+    unstamped = [{"metadata": {"name": "dinops-download"}}]
+    assert filters.jobs_to_replace(after, unstamped) == ["dinops-download"]
+    assert filters.jobs_to_replace(after, []) == []
+
+
+def test_a_checkpoint_url_is_fetched_into_the_output_volume_and_served(rendered_sites):
+    objects = rendered_sites["rtx3060ti-inference"]
+    job = find(objects, "Job", "dinops-checkpoint")
+    container = pod_spec(job)["containers"][0]
+    urls_volume = next(v for v in pod_spec(job)["volumes"] if v["name"] == "urls")
+    urls = find(objects, "ConfigMap", urls_volume["configMap"]["name"])["data"]["urls.txt"]
+    assert urls == "https://mirror.example/dino/checkpoint0011_4scale.pth sha256:" + "ab" * 32
+    assert "--dest=/output/pretrained" in container["args"]
+    output = next(v for v in pod_spec(job)["volumes"] if v["name"] == "output")
+    assert output["persistentVolumeClaim"]["claimName"] == "dinops-output"
+    serve = pod_spec(find(objects, "Deployment", "dinops-serve"))["containers"][0]
+    assert container_env(objects, serve)["DINO_CHECKPOINT"] == "/models/pretrained/checkpoint0011_4scale.pth"
+    assert not any(o["metadata"]["name"] == "dinops-checkpoint" for o in rendered_sites["cpu-storage-class"])
