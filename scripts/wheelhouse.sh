@@ -24,16 +24,20 @@ pyproject=$here/apps/pyproject.toml
 [ -f "$constraints" ] || { echo "wheelhouse: $constraints is missing" >&2; exit 2; }
 
 # The requirements of every image extra, read from pyproject.toml, plus the build backend of dinops itself.
-requirements=$(python3 - "$pyproject" <<'EOF'
+extras=${WHEELHOUSE_EXTRAS:-model train serve client download}
+requirements=$(python3 - "$pyproject" "$extras" <<'EOF'
 import re
 import sys
 import tomllib
 
 with open(sys.argv[1], "rb") as f:
-    extras = tomllib.load(f)["project"]["optional-dependencies"]
-build = ["setuptools>=68"]
+    pyproject = tomllib.load(f)
+extras = pyproject["project"]["optional-dependencies"]
+build = pyproject["build-system"]["requires"]
 wanted = set()
-for extra in ("model", "train", "serve", "client", "download"):
+for extra in sys.argv[2].split():
+    if extra not in extras:
+        sys.exit(f"wheelhouse: apps/pyproject.toml has no extra {extra!r}")
     wanted.update(r for r in extras[extra] if not re.match(r"dinops\b", r))
 print("\n".join(sorted(wanted) + build))
 EOF
@@ -53,7 +57,8 @@ for minor in $(seq 17 "${glibc#2.}"); do platforms+=(--platform "manylinux_2_${m
 mkdir -p "$dest"
 echo "downloading wheels for python $python_version on $arch (glibc $glibc) into $dest"
 # --only-binary: the images have no compilers, so every package must come as a wheel.
-# shellcheck disable=SC2086  # $pip may be "python3 -m pip"
+# $pip may be "python3 -m pip": split on purpose.
+# shellcheck disable=SC2086
 $pip download --quiet --dest "$dest" --constraint "$constraints" \
   --only-binary=:all: "${platforms[@]}" --python-version "$python_version" \
   --implementation cp --abi "cp${python_version/./}" "${packages[@]}"
