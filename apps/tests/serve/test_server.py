@@ -128,3 +128,25 @@ def test_model_load_errors_name_the_file(checkpoint, tmp_path):
     names.write_text("\n".join(f"thing{i}" for i in range(91)))
     detector = load(DINO_CHECKPOINT=checkpoint, DINO_CLASS_NAMES=names)
     assert detector.class_names[5] == "thing5" and detector.info["class_names"] == str(names)
+
+
+def test_a_dinops_training_checkpoint_serves_without_a_config(tmp_path):
+    """`dinops train` stores its command's args and the model's full config as `model_config`: serve uses the latter."""
+    from dataclasses import asdict
+
+    import torch
+
+    from dinops.model import DINOConfig, build_dino
+    from dinops.serve.testing import SMALL_CONFIG
+
+    cfg = DINOConfig(**SMALL_CONFIG, num_select=50)
+    torch.manual_seed(3)
+    model = build_dino(cfg)
+    path = tmp_path / "checkpoint.pth"
+    training_args = {"lr": 1e-4, "epochs": 12, "data_root": "/data", "output_dir": "/out", "batch_size": 2}
+    torch.save({"model": model.state_dict(), "args": training_args, "model_config": asdict(cfg), "epoch": 3}, path)
+    detector = load_detector(settings_config(SERVER_ENV | {"DINO_CHECKPOINT": str(path)}))
+    assert detector.info["num_queries"] == 20 and detector.info["backbone"] == "resnet18"
+    image = Image.open(io.BytesIO(_jpeg(2))).convert("RGB")
+    (result,) = detector.forward([detector.prepare(image)], [(90, 120)])
+    assert len(result.scores) > 0 and all(0.0 <= s <= 1.0 for s in result.scores)

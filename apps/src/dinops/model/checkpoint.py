@@ -72,12 +72,26 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     return checkpoint
 
 
+def checkpoint_config(checkpoint: dict[str, Any]) -> DINOConfig | None:
+    """The model configuration a checkpoint (from :func:`read_checkpoint`) carries, or None.
+
+    dinops training stores the full :class:`DINOConfig` as ``model_config`` (its ``args`` are the training
+    command's); official checkpoints store the official ``args``. The ImageNet weights path of the training run
+    is dropped: the checkpoint holds the backbone weights already.
+    """
+    if isinstance(checkpoint.get("model_config"), dict):
+        return DINOConfig(**checkpoint["model_config"]).replace(backbone_weights=None)
+    if isinstance(checkpoint.get("args"), dict):
+        return DINOConfig.from_official(checkpoint["args"])
+    return None
+
+
 def config_from_checkpoint(path: str | Path) -> DINOConfig:
-    """The :class:`DINOConfig` stored in a checkpoint's ``args`` (official or own)."""
-    args = read_checkpoint(path).get("args")
-    if not isinstance(args, dict):
-        raise ValueError(f"{path} stores no args; build the model from a DINOConfig and use load_checkpoint")
-    return DINOConfig.from_official(args)
+    """The :class:`DINOConfig` stored in a checkpoint (dinops' ``model_config`` or the official ``args``)."""
+    cfg = checkpoint_config(read_checkpoint(path))
+    if cfg is None:
+        raise ValueError(f"{path} stores no model configuration; build the model from a DINOConfig and load_checkpoint")
+    return cfg
 
 
 def _class_count(state: dict[str, Tensor]) -> int | None:

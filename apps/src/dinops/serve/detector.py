@@ -146,7 +146,7 @@ def backend_name() -> str:
 def load_detector(config: dict[str, Any]) -> Detector:
     """Build the model from ``config`` (the app's settings, keys as in :mod:`dinops.serve.settings`)."""
     from dinops import model as dino_model
-    from dinops.model.checkpoint import read_checkpoint
+    from dinops.model.checkpoint import checkpoint_config, read_checkpoint
 
     path = config["CHECKPOINT"]
     if not path:
@@ -157,11 +157,16 @@ def load_detector(config: dict[str, Any]) -> Detector:
         checkpoint = read_checkpoint(path)
     except Exception as exc:
         raise ModelLoadError(f"checkpoint {path} cannot be used: {exc}") from exc
-    official = read_config(config["CONFIG"]) if config["CONFIG"] else (checkpoint.get("args") or {})
-    if not official:
-        raise ModelLoadError(f"checkpoint {path} carries no 'args'; give the model config with DINO_CONFIG")
     try:
-        cfg = dino_model.DINOConfig.from_official(official)
+        if config["CONFIG"]:
+            cfg = dino_model.DINOConfig.from_official(read_config(config["CONFIG"]))
+        else:
+            cfg = checkpoint_config(checkpoint)
+    except Exception as exc:
+        raise ModelLoadError(f"cannot read the model configuration for {path}: {exc}") from exc
+    if cfg is None:
+        raise ModelLoadError(f"checkpoint {path} carries no model configuration; give it with DINO_CONFIG")
+    try:
         model = dino_model.build_dino(cfg)
         dino_model.load_checkpoint(model, path)
     except Exception as exc:

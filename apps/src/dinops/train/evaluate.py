@@ -52,8 +52,8 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from dinops.model import DINOConfig, build_dino, load_checkpoint, postprocess
-    from dinops.model.checkpoint import read_checkpoint
+    from dinops.model import build_dino, load_checkpoint, postprocess
+    from dinops.model.checkpoint import checkpoint_config, read_checkpoint
 
     root = Path(args.data_root)
     images = args.val_images or str(root / "val2017")
@@ -64,12 +64,9 @@ def run(args: argparse.Namespace) -> dict:
         images, annotations, eval_transforms(args.eval_size, args.max_size), cache_dir=args.cache_dir or None
     )
     ckpt = read_checkpoint(args.checkpoint)  # refuses files that would run code when unpickled
-    if "model_config" in ckpt:
-        cfg = DINOConfig(**ckpt["model_config"])
-        log.info("model configuration from the dinops checkpoint (%s, %d classes)", cfg.backbone, cfg.num_classes)
-    elif isinstance(ckpt.get("args"), dict):
-        cfg = DINOConfig.from_official(ckpt["args"])
-        log.info("model configuration from the official checkpoint's args (%d classes)", cfg.num_classes)
+    cfg = checkpoint_config(ckpt)
+    if cfg is not None:
+        log.info("model configuration from the checkpoint (%s, %d classes)", cfg.backbone, cfg.num_classes)
     else:
         num_classes = args.num_classes or dataset.num_classes
         cfg = model_config(args, num_classes, num_classes)
