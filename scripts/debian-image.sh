@@ -26,6 +26,7 @@ fi
 
 command -v debootstrap >/dev/null || { echo "debootstrap is missing: apt-get install -y debootstrap" >&2; exit 2; }
 rootfs=$(mktemp -d /var/tmp/dinops-rootfs.XXXXXX)
+chmod 755 "$rootfs"  # mktemp makes it 0700: the image root must be readable by non-root users
 trap 'rm -rf "$rootfs"' EXIT
 echo "building $name from $mirror $suite (packages: ${packages:-none})"
 debootstrap --variant=minbase --components="$components" ${packages:+--include="$packages"} \
