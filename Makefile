@@ -16,7 +16,7 @@ STAGE := scripts/stage.sh
 MOLECULE_SCENARIOS ?=
 PYTEST_ARGS ?=
 
-.PHONY: help up test setup setup-controller venv venv-controller collections docker molecule-image \
+.PHONY: verify help up test setup setup-controller venv venv-controller collections docker molecule-image \
 	lint molecule pytest images browser bench syntax clean
 
 help: ## List the targets
@@ -56,6 +56,9 @@ setup: ## Everything the tests need: system packages, Docker, the venv, collecti
 # --- the main job --------------------------------------------------------------------------------------------------
 up: setup-controller ## Provision this machine: ansible-playbook site.yml on inventories/local
 	ansible-playbook -i $(INVENTORY) site.yml $(ANSIBLE_ARGS)
+
+verify: $(VENV)/.controller ## The validator: one line per check (VERIFY_ARGS=--json for one JSON object); exit 0/1/2
+	scripts/verify.sh -i $(INVENTORY) $(VERIFY_ARGS)
 
 syntax: $(VENV)/.controller
 	ansible-playbook -i $(INVENTORY) site.yml --syntax-check
