@@ -56,13 +56,13 @@ def training(images, docker, tmp_path_factory):
     image = images["train"]
     env = ("-e", "OMP_NUM_THREADS=1")
     docker("run", "--rm", *HARDENED, "-v", f"{data}:/data", image,
-           "dinops", "synth", "--out", "/data", "--train-images", "16", "--val-images", "4",
+           "dinops", "synth", "--out", "/data", "--train-images", "200", "--val-images", "4",
            "--image-size", "64", "--categories", "3", "--seed", "5", timeout=300)  # fmt: skip
 
     first = docker.name("container", "train-first")
     docker("run", "-d", "--name", first, *HARDENED, *env, "-v", f"{data}:/data:ro", "-v", f"{out}:/out", image,
            *_train_args("--epochs", "50", "--checkpoint-steps", "0"))  # fmt: skip
-    _wait_for_text(out / "console.log", "[2/8]", first, docker)
+    _wait_for_text(out / "console.log", "2/100]", first, docker)  # "[  2/100]"
     stopped = time.monotonic()
     docker("stop", "--time", "120", first, timeout=180)
     stop_s = time.monotonic() - stopped
@@ -90,14 +90,14 @@ def test_docker_stop_checkpoints_and_a_second_container_resumes(training):
     assert training["stop_s"] < 100, "SIGTERM did not reach Python: docker stop had to SIGKILL"
     assert "received SIGTERM" in training["first_logs"]
     stopped = training["stopped_checkpoint"]
-    assert stopped["next"]["epoch"] == 0 and 3 <= stopped["next"]["step"] < 8
+    assert stopped["next"]["epoch"] == 0 and 3 <= stopped["next"]["step"] < 100
     assert training["second_state"]["ExitCode"] == 0
     assert f"at epoch 0 step {stopped['next']['step']}" in training["console"]
     assert "resumed from" in training["console"]
     records = [json.loads(line) for line in (training["out"] / "log.txt").read_text().splitlines()]
     assert [r["epoch"] for r in records] == [0]
     final = torch.load(training["out"] / "checkpoint.pth", map_location="cpu", weights_only=False)
-    assert final["global_step"] == 8 and final["next"] == {"epoch": 1, "step": 0}
+    assert final["global_step"] == 100 and final["next"] == {"epoch": 1, "step": 0}
 
 
 @pytest.fixture(scope="module")
