@@ -14,9 +14,17 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+# Kubernetes injects <SERVICE>_SERVICE_HOST, <SERVICE>_PORT_8000_TCP... for every Service in the namespace; they
+# are not settings, so a Service whose name starts like an app's prefix must not trip the unknown-variable check.
+_SERVICE_LINK = re.compile(
+    r"^[A-Z0-9_]+_(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT(_\d+_(TCP|UDP|SCTP)(_[A-Z]+)?)?)$"
+)
 
 
 class SettingsError(ValueError):
@@ -30,6 +38,41 @@ def parse_bool(text: str) -> bool:
     if value in {"0", "false", "no", "off", ""}:
         return False
     raise ValueError(f"expected a boolean (true/false/1/0/yes/no/on/off), got {text!r}")
+
+
+def fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"must lie between 0 and 1, got {value}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"must be at least 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(f"must not be negative, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise ValueError(f"must be positive, got {value}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise ValueError(f"must not be negative, got {value}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -105,11 +148,23 @@ def check_unknown_env(
     for s in table:
         known.update(((s.env,) if s.env else ()) + s.aliases)
     prefixes = tuple(prefixes)
-    unknown = sorted(k for k in environ if k.startswith(prefixes) and k not in known)
+    unknown = sorted(k for k in environ if k.startswith(prefixes) and k not in known and not _SERVICE_LINK.match(k))
     if unknown:
         raise SettingsError(
             "unknown setting(s) in the environment: " + ", ".join(unknown) + "; known: " + ", ".join(sorted(known))
         )
+
+
+def without_service_links(environ: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in environ.items() if not _SERVICE_LINK.match(k)}
+
+
+def resolve_from_env(args: argparse.Namespace, table: Iterable[Setting], prefixes: Iterable[str], prog: str) -> None:
+    """Check and resolve ``args`` against the process environment (Kubernetes service links ignored); deprecated
+    names warn on stderr. Raises :class:`SettingsError` for unknown or invalid variables."""
+    environ = without_service_links(os.environ)
+    check_unknown_env(table, prefixes, environ)
+    resolve(args, table, environ, warn=lambda message: print(f"{prog}: {message}", file=sys.stderr))
 
 
 def env_names(table: Iterable[Setting]) -> set[str]:

@@ -9,8 +9,7 @@ from PIL import Image
 
 from dinops.serve.app import create_app
 from dinops.serve.cli import main as serve_main
-from dinops.serve.cli import without_service_links
-from dinops.settings import SettingsError
+from dinops.settings import SettingsError, without_service_links
 
 
 def _metric(text: str, name: str, **labels: str) -> float:

@@ -13,8 +13,8 @@ import sys
 
 from dinops.client.settings import ENV_PREFIXES, SETTINGS
 from dinops.serve import logs
-from dinops.serve.cli import resolve_from_env, run_gunicorn
-from dinops.settings import SettingsError, add_arguments
+from dinops.serve.cli import run_gunicorn
+from dinops.settings import SettingsError, add_arguments, resolve_from_env
 
 
 def get_args_parser() -> argparse.ArgumentParser:

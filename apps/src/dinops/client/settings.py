@@ -3,8 +3,7 @@ misspelling ``TRESHOLD`` is still read, with a deprecation warning."""
 
 from __future__ import annotations
 
-from dinops.serve.settings import fraction, positive_float, positive_int
-from dinops.settings import Setting
+from dinops.settings import Setting, fraction, positive_float, positive_int
 
 ENV_PREFIXES = ("CLIENT_", "DINO_API_")
 

@@ -33,8 +33,7 @@ from dinops.download.sources import (
     with_checksums,
 )
 from dinops.serve import logs
-from dinops.serve.cli import resolve_from_env
-from dinops.settings import SettingsError, add_arguments
+from dinops.settings import SettingsError, add_arguments, resolve_from_env
 
 log = logging.getLogger("dinops.download")
 ARCHIVES = ".downloads"

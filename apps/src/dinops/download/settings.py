@@ -3,8 +3,7 @@
 
 from __future__ import annotations
 
-from dinops.serve.settings import non_negative_float, non_negative_int, positive_int
-from dinops.settings import Setting
+from dinops.settings import Setting, non_negative_float, non_negative_int, positive_int
 
 ENV_PREFIXES = ("DOWNLOAD_",)
 COCO_SETS = ("train2017", "val2017", "test2017", "annotations")

@@ -13,35 +13,15 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from dinops.serve import logs
 from dinops.serve.settings import ENV_PREFIXES, SETTINGS
-from dinops.settings import SettingsError, add_arguments, check_unknown_env, resolve
+from dinops.settings import SettingsError, add_arguments, resolve_from_env
 
 log = logging.getLogger("dinops.serve")
-
-# Kubernetes injects <SERVICE>_SERVICE_HOST, <SERVICE>_PORT_8000_TCP... for every Service in the namespace;
-# a Service named dino-api would otherwise trip the unknown-variable check.
-_SERVICE_LINK = re.compile(
-    r"^[A-Z0-9_]+_(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT(_\d+_(TCP|UDP|SCTP)(_[A-Z]+)?)?)$"
-)
-
-
-def without_service_links(environ: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in environ.items() if not _SERVICE_LINK.match(k)}
-
-
-def resolve_from_env(args: argparse.Namespace, table, prefixes: tuple[str, ...], prog: str) -> None:
-    """Fill the settings not given as flags from the environment (service links ignored), deprecated names
-    with a warning on stderr; raises :class:`SettingsError` for unknown or invalid variables."""
-    environ = without_service_links(os.environ)
-    check_unknown_env(table, prefixes, environ)
-    resolve(args, table, environ, warn=lambda message: print(f"{prog}: {message}", file=sys.stderr))
 
 
 def get_args_parser() -> argparse.ArgumentParser:

@@ -2,49 +2,14 @@
 
 Every environment variable starts with ``DINO_``; an unknown ``DINO_*`` variable stops the server at start-up
 (see :func:`dinops.settings.check_unknown_env`), so a misspelt name in a manifest cannot go unnoticed. The value
-checkers below also serve the client's and the downloader's tables (this module imports nothing heavy).
+checkers are the shared ones of :mod:`dinops.settings`.
 """
 
 from __future__ import annotations
 
-from dinops.settings import Setting
+from dinops.settings import Setting, fraction, non_negative_float, positive_int
 
 ENV_PREFIXES = ("DINO_",)
-
-
-def fraction(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value <= 1.0:
-        raise ValueError(f"must lie between 0 and 1, got {value}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError(f"must be at least 1, got {value}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise ValueError(f"must not be negative, got {value}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise ValueError(f"must be positive, got {value}")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    value = float(text)
-    if not value >= 0:
-        raise ValueError(f"must not be negative, got {value}")
-    return value
 
 
 SETTINGS: tuple[Setting, ...] = (
