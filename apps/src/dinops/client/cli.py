@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from dinops import logs
 from dinops.client.settings import ENV_PREFIXES, SETTINGS
-from dinops.serve import logs
 from dinops.serve.cli import run_gunicorn
 from dinops.settings import SettingsError, add_arguments, resolve_from_env
 

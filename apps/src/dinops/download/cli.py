@@ -18,6 +18,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from dinops import logs
 from dinops.download import extract, subset
 from dinops.download.http import DownloadError, Fetcher, Policy, Progress, file_digests
 from dinops.download.manifest import Manifest
@@ -32,7 +33,6 @@ from dinops.download.sources import (
     read_urls,
     with_checksums,
 )
-from dinops.serve import logs
 from dinops.settings import SettingsError, add_arguments, resolve_from_env
 
 log = logging.getLogger("dinops.download")

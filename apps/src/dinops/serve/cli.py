@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dinops.serve import logs
+from dinops import logs
 from dinops.serve.settings import ENV_PREFIXES, SETTINGS
 from dinops.settings import SettingsError, add_arguments, resolve_from_env
 
