@@ -20,8 +20,13 @@ run_one() {
   if [ $status -eq 0 ]; then
     echo "stage molecule-$scenario: passed in $(($(date +%s) - start))s"
   else
-    echo "stage molecule-$scenario: FAILED (exit $status) in $(($(date +%s) - start))s; last lines of its log:"
-    tail -n 60 "artifacts/molecule/$scenario.log" | sed "s/^/  [$scenario] /"
+    echo "stage molecule-$scenario: FAILED (exit $status) in $(($(date +%s) - start))s"
+    # The failed task itself first (with its assertion and message), then the end of the log.
+    echo "  [$scenario] failed tasks:"
+    grep -E -B 2 -A 14 '(fatal|failed): \['  "artifacts/molecule/$scenario.log" | cut -c 1-400 | head -n 80 |
+      sed "s/^/  [$scenario] /"
+    echo "  [$scenario] last lines of its log:"
+    tail -n 25 "artifacts/molecule/$scenario.log" | cut -c 1-400 | sed "s/^/  [$scenario] /"
   fi
   return $status
 }
