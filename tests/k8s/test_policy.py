@@ -216,6 +216,22 @@ def test_training_resumes_from_the_output_volume_and_has_time_to_checkpoint(obje
     assert spec["terminationGracePeriodSeconds"] >= 120
 
 
+def test_training_job_retries_disruptions_and_fails_fast_on_bad_settings(objects):
+    """Evictions resume without using up retries; exit status 2 (bad settings) ends the Job; 143 is retried."""
+    train = find(objects, "Job", "dinops-train")
+    rules = train["spec"]["podFailurePolicy"]["rules"]
+    container = pod_spec(train)["containers"][0]["name"]
+    ignore = [r for r in rules if r["action"] == "Ignore"]
+    assert any(c["type"] == "DisruptionTarget" for r in ignore for c in r.get("onPodConditions", []))
+    fail = [r["onExitCodes"] for r in rules if r["action"] == "FailJob"]
+    assert fail == [{"containerName": container, "operator": "In", "values": [2]}]
+    # A stop after a checkpoint (128 + SIGTERM) must stay retryable, and the app's settings error must be 2.
+    assert all(143 not in r.get("onExitCodes", {}).get("values", []) for r in rules)
+    from dinops.train.main import main
+
+    assert main(["--epochs", "0"]) == 2
+
+
 def test_inference_reads_its_checkpoint_from_the_output_volume(objects):
     serve = find(objects, "Deployment", "dinops-serve")
     container = pod_spec(serve)["containers"][0]

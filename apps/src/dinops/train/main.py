@@ -16,7 +16,8 @@ Resuming: ``--resume auto`` continues from ``OUTPUT_DIR/checkpoint.pth`` when it
 not), restoring model, optimizer, scheduler, scaler, epoch, step within the epoch, sampler position and RNG
 state. The latest checkpoint is rewritten atomically at each epoch end and every ``--checkpoint-steps``
 optimizer steps. SIGTERM (pod eviction, preemption) lets the current step finish, writes the checkpoint and
-exits 0, so a retried Kubernetes Job continues where it stopped.
+exits 128 + the signal number (143), never 0: a pod that exits 0 counts as a completed Job, so an evicted run
+would end there instead of being retried; its retry continues where it stopped.
 
 Evaluation only: ``--eval true --resume PATH`` (or ``dinops eval``). Reports: console lines with ETA
 (``console.log``), ``log.txt`` (one JSON line per epoch, official DINO field names), TensorBoard events,
@@ -182,13 +183,15 @@ def build_loaders(args: argparse.Namespace, world: int, rank: int, device: torch
 
 
 class StopRequest:
-    """Remembers SIGTERM/SIGINT; the training loop finishes its step, checkpoints and exits 0.
+    """Remembers SIGTERM/SIGINT; the training loop finishes its step, checkpoints and exits 128 + signal number.
 
-    A second signal exits at once (status 128 + signal number) without writing a checkpoint.
+    The status is not 0 because training did not finish: Kubernetes counts a pod that exits 0 as a completed Job
+    and would not retry it. A second signal exits at once (the same status) without writing a checkpoint.
     """
 
     def __init__(self) -> None:
         self.requested = False
+        self.signum = 0
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._handle)
 
@@ -197,6 +200,7 @@ class StopRequest:
             log.warning("second %s: exiting without a new checkpoint", signal.Signals(signum).name)
             raise SystemExit(128 + signum)
         self.requested = True
+        self.signum = signum
         log.warning(
             "received %s: finishing this step, then writing a checkpoint and exiting", signal.Signals(signum).name
         )
@@ -311,6 +315,7 @@ def train(args: argparse.Namespace) -> int:
         hooks.profiler = profiler
 
     began = time.time()
+    status = 0
     while state.epoch < args.epochs:
         epoch_began = time.time()
         train_loader.batch_sampler.set_epoch(state.epoch, state.step * args.accum_steps)
@@ -322,6 +327,7 @@ def train(args: argparse.Namespace) -> int:
             if state.step == steps_per_epoch:  # the last step of an epoch: its evaluation runs after the resume
                 save_latest(state)
             log.info("stopped at epoch %d step %d; `--resume auto` continues from here", state.epoch, state.step)
+            status = 128 + (stop.signum or signal.SIGTERM)  # a process stopped by another's signal says SIGTERM
             break
         if reason == "max_steps":
             log.info("reached --max-steps %d at epoch %d step %d", args.max_steps, state.epoch, state.step)
@@ -365,7 +371,7 @@ def train(args: argparse.Namespace) -> int:
     tensorboard.close()
     log.info("training time %.1f s", time.time() - began)
     dist.shutdown()
-    return 0
+    return status
 
 
 def main(argv: list[str] | None = None) -> int:
