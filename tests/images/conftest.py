@@ -51,9 +51,11 @@ def images(docker, build) -> dict[str, str]:
         build.ensure_wheelhouse(wheelhouse)
         steps = build.plan(build.AIRGAP_BASE)
         timings = build.build(steps, wheelhouse, logs)
+        # What earlier builds left (older hash tags, superseded stages) would fill the disk run after run.
+        pruned = build.prune(steps)
     except (build.BuildError, subprocess.CalledProcessError) as exc:
         pytest.fail(f"image build failed: {exc}")
-    record = {"total_s": round(time.monotonic() - start, 1), "images": timings}
+    record = {"total_s": round(time.monotonic() - start, 1), "images": timings, "pruned": pruned}
     (logs / "timings.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     return {s.name: s.image for s in steps}
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 
 import pytest
 from images.imagetools import REPO
@@ -122,3 +123,37 @@ def test_installed_set_recorded_pinned_and_nothing_else_inside(name, probed):
     assert facts["tools"] == []
     assert facts["leftovers"] == []
     assert facts["suspects"] == []
+
+
+def _build_from(parent: str, tag: str, marker: str) -> str:
+    """A one-line image on ``parent`` (it inherits the content-hash label, as a build stage does); returns its ID."""
+    dockerfile = f"FROM {parent}\nLABEL org.dinops.test-marker={marker}\n"
+    subprocess.run(["docker", "build", "--quiet", "--tag", tag, "-"], input=dockerfile, text=True, check=True,
+                   capture_output=True, timeout=120)  # fmt: skip
+    return subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", tag], capture_output=True, text=True,
+                          check=True).stdout.strip()  # fmt: skip
+
+
+def test_prune_frees_older_builds_and_keeps_current_and_used_images(build, images, docker):
+    repository = images["client"].split(":")[0]
+    stale_tag = f"{repository}:0.1.0-{'0' * 16}"
+    docker("tag", images["client"], stale_tag)
+    scratch = f"{docker.prefix}-prune:1"
+    held = _build_from(images["client"], scratch, "held")
+    holder = docker.name("container", "prune-holder")
+    docker("create", "--name", holder, held)
+    superseded = _build_from(images["client"], scratch, "superseded")  # `held` is now dangling, but in use
+    current_scratch = _build_from(images["client"], scratch, "current")  # `superseded` is dangling and unused
+    try:
+        removed = build.prune(build.plan(build.AIRGAP_BASE))
+        assert stale_tag in removed and superseded in removed
+        assert held not in removed and current_scratch not in removed
+        assert docker("image", "inspect", stale_tag, check=False).returncode != 0
+        assert docker("image", "inspect", superseded, check=False).returncode != 0
+        assert docker("image", "inspect", held, check=False).returncode == 0  # a container still uses it
+        for image in images.values():
+            assert docker("image", "inspect", image, check=False).returncode == 0, f"{image} was removed"
+        assert build.prune(build.plan(build.AIRGAP_BASE)) == []  # nothing left to free
+    finally:
+        docker("rm", "-f", holder, check=False)
+        docker("image", "rm", "-f", scratch, held, check=False)
