@@ -216,20 +216,29 @@ def test_training_resumes_from_the_output_volume_and_has_time_to_checkpoint(obje
     assert spec["terminationGracePeriodSeconds"] >= 120
 
 
-def test_training_job_retries_disruptions_and_fails_fast_on_bad_settings(objects):
-    """Evictions resume without using up retries; exit status 2 (bad settings) ends the Job; 143 is retried."""
-    train = find(objects, "Job", "dinops-train")
-    rules = train["spec"]["podFailurePolicy"]["rules"]
-    container = pod_spec(train)["containers"][0]["name"]
+@pytest.mark.parametrize("job", ["dinops-train", "dinops-download"])
+def test_jobs_retry_disruptions_and_fail_fast_on_bad_settings(objects, job):
+    """Evictions do not use up retries; exit status 2 (bad settings) ends the Job; other failures are retried."""
+    manifest = find(objects, "Job", job)
+    rules = manifest["spec"]["podFailurePolicy"]["rules"]
+    container = pod_spec(manifest)["containers"][0]["name"]
     ignore = [r for r in rules if r["action"] == "Ignore"]
     assert any(c["type"] == "DisruptionTarget" for r in ignore for c in r.get("onPodConditions", []))
     fail = [r["onExitCodes"] for r in rules if r["action"] == "FailJob"]
     assert fail == [{"containerName": container, "operator": "In", "values": [2]}]
-    # A stop after a checkpoint (128 + SIGTERM) must stay retryable, and the app's settings error must be 2.
-    assert all(143 not in r.get("onExitCodes", {}).get("values", []) for r in rules)
-    from dinops.train.main import main
+    # 1 (a failed file) and 143 (training stopped after a checkpoint) must stay retryable.
+    assert all({1, 143}.isdisjoint(r.get("onExitCodes", {}).get("values", [])) for r in rules)
 
-    assert main(["--epochs", "0"]) == 2
+
+def test_bad_settings_exit_2_in_the_jobs_commands(monkeypatch):
+    """The status that the Jobs' FailJob rule matches is what the apps return for a bad setting."""
+    from dinops.download.cli import main as download
+    from dinops.train.main import main as train
+
+    monkeypatch.delenv("DINO_EPOCHS", raising=False)
+    assert train(["--epochs", "0"]) == 2
+    monkeypatch.setenv("DOWNLOAD_NO_SUCH_SETTING", "1")  # an unknown setting is an error
+    assert download(["--dest", "/nonexistent"]) == 2
 
 
 def test_inference_reads_its_checkpoint_from_the_output_volume(objects):
