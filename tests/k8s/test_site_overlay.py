@@ -148,3 +148,43 @@ def test_a_checkpoint_url_is_fetched_into_the_output_volume_and_served(rendered_
     serve = pod_spec(find(objects, "Deployment", "dinops-serve"))["containers"][0]
     assert container_env(objects, serve)["DINO_CHECKPOINT"] == "/models/pretrained/checkpoint0011_4scale.pth"
     assert not any(o["metadata"]["name"] == "dinops-checkpoint" for o in rendered_sites["cpu-storage-class"])
+
+
+def _job(*conditions: dict, active: int = 0) -> dict:
+    return {"metadata": {"name": "dinops-download", "namespace": "dinops"},
+            "status": {"active": active, "conditions": list(conditions)}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("job", "state", "words"),
+    [
+        (None, "missing", "does not exist"),
+        (_job(active=1), "running", "1 active"),
+        (_job({"type": "Complete", "status": "True"}), "complete", "completed"),
+        (_job({"type": "Complete", "status": "False"}, active=1), "running", "running"),
+        (
+            _job(
+                {
+                    "type": "Failed",
+                    "status": "True",
+                    "reason": "PodFailurePolicy",
+                    "message": "Container download for pod dinops/x failed with exit code 2 matching FailJob rule",
+                }
+            ),
+            "failed",
+            "failed (PodFailurePolicy): Container download for pod dinops/x failed with exit code 2",
+        ),  # fmt: skip
+        (_job({"type": "FailureTarget", "status": "True", "reason": "BackoffLimitExceeded"}), "failed", "Backoff"),
+        (
+            _job({"type": "SuccessCriteriaMet", "status": "True"}, {"type": "Complete", "status": "True"}),
+            "complete",
+            "completed",
+        ),
+    ],
+)
+def test_job_outcome_reports_failures_at_once_with_their_reason(job, state, words):
+    outcome = filters.job_outcome(job)
+    assert outcome["state"] == state
+    assert words in outcome["message"]
+    if state == "failed":
+        assert "kubectl -n dinops logs job/dinops-download" in outcome["message"]

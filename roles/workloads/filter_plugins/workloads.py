@@ -200,9 +200,38 @@ def jobs_to_replace(desired: list[dict[str, Any]], live_jobs: list[dict[str, Any
     return sorted(stale)
 
 
+def job_outcome(job: dict[str, Any] | None) -> dict[str, str]:
+    """Where a Job stands, from its status: ``state`` is complete, failed, running or missing; ``message`` says why.
+
+    A Job that failed (backoffLimit reached, or a podFailurePolicy FailJob rule such as a bad setting) is reported
+    at once, with the reason and message Kubernetes gives, instead of after the wait's timeout.
+    """
+    if not job:
+        return {"state": "missing", "message": "the Job does not exist"}
+    name = job.get("metadata", {}).get("name", "?")
+    status = job.get("status") or {}
+    conditions = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
+    # FailureTarget comes before Failed while the last pods terminate; SuccessCriteriaMet before Complete.
+    for kind in ("Failed", "FailureTarget"):
+        if kind in conditions:
+            condition = conditions[kind]
+            reason = condition.get("reason") or "Failed"
+            detail = condition.get("message") or "no message"
+            namespace = job.get("metadata", {}).get("namespace", "default")
+            return {
+                "state": "failed",
+                "message": f"Job {name} failed ({reason}): {detail}. Its log: kubectl -n {namespace} logs job/{name}",
+            }
+    if "Complete" in conditions:
+        return {"state": "complete", "message": f"Job {name} completed"}
+    active = status.get("active", 0)
+    return {"state": "running", "message": f"Job {name} is running ({active} active pod(s))"}
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
+            "dinops_job_outcome": job_outcome,
             "dinops_site_kustomization": site_kustomization,
             "dinops_prepare_objects": prepare_objects,
             "dinops_jobs_to_replace": jobs_to_replace,
