@@ -273,18 +273,14 @@ def prune(steps: list[Step]) -> list[str]:
     """Free the disk that older builds hold: untag the older content-hash tags of the images in ``steps``, then
     delete the dangling images carrying our content-hash label (superseded images and build stages). Docker
     refuses to delete what a container still uses; that is left alone. Returns what was removed."""
-    removed = []
+    candidates = []
     for step in steps:
         repository, current = step.image.split(":")
         tags = docker("image", "ls", "--format", "{{.Tag}}", repository).stdout.split()
-        for tag in (t for t in tags if t != current and re.fullmatch(r".+-[0-9a-f]{16}", t)):
-            if docker("image", "rm", f"{repository}:{tag}", check=False).returncode == 0:
-                removed.append(f"{repository}:{tag}")
+        candidates += [f"{repository}:{t}" for t in tags if t != current and re.fullmatch(r".+-[0-9a-f]{16}", t)]
     dangling = docker("image", "ls", "--quiet", "--no-trunc", "--filter", "dangling=true", "--filter", f"label={LABEL}")
-    for image in dict.fromkeys(dangling.stdout.split()):
-        if docker("image", "rm", image, check=False).returncode == 0:
-            removed.append(image)
-    return removed
+    candidates += dict.fromkeys(dangling.stdout.split())
+    return [ref for ref in candidates if docker("image", "rm", ref, check=False).returncode == 0]
 
 
 def get_args_parser() -> argparse.ArgumentParser:

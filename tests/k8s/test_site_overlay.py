@@ -150,15 +150,16 @@ def test_a_checkpoint_url_is_fetched_into_the_output_volume_and_served(rendered_
     assert not any(o["metadata"]["name"] == "dinops-checkpoint" for o in rendered_sites["cpu-storage-class"])
 
 
-def _job(*conditions: dict, active: int = 0) -> dict:
-    return {"metadata": {"name": "dinops-download", "namespace": "dinops"},
-            "status": {"active": active, "conditions": list(conditions)}}  # fmt: skip
+def _job(*conditions: dict, active: int = 0) -> list[dict]:
+    """What k8s_info returns as ``resources`` for the download Job."""
+    return [{"metadata": {"name": "dinops-download", "namespace": "dinops"},
+             "status": {"active": active, "conditions": list(conditions)}}]  # fmt: skip
 
 
 @pytest.mark.parametrize(
     ("job", "state", "words"),
     [
-        (None, "missing", "does not exist"),
+        ([], "missing", "does not exist"),
         (_job(active=1), "running", "1 active"),
         (_job({"type": "Complete", "status": "True"}), "complete", "completed"),
         (_job({"type": "Complete", "status": "False"}, active=1), "running", "running"),

@@ -144,9 +144,7 @@ def check_unknown_env(
 ) -> None:
     """Fail on environment variables that carry the app's prefix but that the app does not read."""
     environ = os.environ if environ is None else environ
-    known = set()
-    for s in table:
-        known.update(((s.env,) if s.env else ()) + s.aliases)
+    known = env_names(table)
     prefixes = tuple(prefixes)
     unknown = sorted(k for k in environ if k.startswith(prefixes) and k not in known and not _SERVICE_LINK.match(k))
     if unknown:

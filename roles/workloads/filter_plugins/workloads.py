@@ -200,32 +200,33 @@ def jobs_to_replace(desired: list[dict[str, Any]], live_jobs: list[dict[str, Any
     return sorted(stale)
 
 
-def job_outcome(job: dict[str, Any] | None) -> dict[str, str]:
-    """Where a Job stands, from its status: ``state`` is complete, failed, running or missing; ``message`` says why.
+def job_outcome(resources: list[dict[str, Any]]) -> dict[str, str]:
+    """Where a Job stands, from what k8s_info returned for it (``resources``, empty when it does not exist):
+    ``state`` is complete, failed, running or missing; ``message`` says why.
 
     A Job that failed (backoffLimit reached, or a podFailurePolicy FailJob rule such as a bad setting) is reported
     at once, with the reason and message Kubernetes gives, instead of after the wait's timeout.
     """
-    if not job:
+    if not resources:
         return {"state": "missing", "message": "the Job does not exist"}
-    name = job.get("metadata", {}).get("name", "?")
+    job = resources[0]
+    metadata = job.get("metadata", {})
+    name = metadata.get("name", "?")
     status = job.get("status") or {}
     conditions = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
     # FailureTarget comes before Failed while the last pods terminate; SuccessCriteriaMet before Complete.
     for kind in ("Failed", "FailureTarget"):
         if kind in conditions:
-            condition = conditions[kind]
-            reason = condition.get("reason") or "Failed"
-            detail = condition.get("message") or "no message"
-            namespace = job.get("metadata", {}).get("namespace", "default")
+            reason = conditions[kind].get("reason") or "Failed"
+            detail = conditions[kind].get("message") or "no message"
+            namespace = metadata.get("namespace", "default")
             return {
                 "state": "failed",
                 "message": f"Job {name} failed ({reason}): {detail}. Its log: kubectl -n {namespace} logs job/{name}",
             }
     if "Complete" in conditions:
         return {"state": "complete", "message": f"Job {name} completed"}
-    active = status.get("active", 0)
-    return {"state": "running", "message": f"Job {name} is running ({active} active pod(s))"}
+    return {"state": "running", "message": f"Job {name} is running ({status.get('active', 0)} active pod(s))"}
 
 
 class FilterModule:
