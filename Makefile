@@ -3,9 +3,9 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-# The controller needs Python >= 3.11 (ansible-core 2.19).
-PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
-	command -v $$p >/dev/null && $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && { echo $$p; break; }; done)
+# The controller needs Python >= 3.11 (ansible-core 2.19): scripts/controller-python.sh takes PYTHON when set, else
+# finds one on PATH, else provides CPython 3.11 through uv (Ubuntu 20.04 and 22.04 have none); README "Quick start".
+PYTHON ?=
 VENV := .venv
 BIN := $(CURDIR)/$(VENV)/bin
 export PATH := $(BIN):$(PATH)
@@ -24,8 +24,8 @@ help: ## List the targets
 
 # --- set-up --------------------------------------------------------------------------------------------------------
 $(VENV)/.controller: apps/constraints.txt
-	@test -n "$(PYTHON)" || { echo "Python >= 3.11 is needed for the controller (Ubuntu 22.04: apt install python3.11 python3.11-venv)"; exit 2; }
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
+	  python=$$(scripts/controller-python.sh $(PYTHON)) && $$python -m venv --clear $(VENV); }
 	$(BIN)/pip install -q -c apps/constraints.txt ansible ansible-core pyyaml
 	touch $@
 

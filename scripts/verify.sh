@@ -32,7 +32,18 @@ fi
 if $json; then
   cat "$report"
 else
-  grep -oE '"(PASS|FAIL|SKIP) [^"]*"' "$log" | tr -d '"' | awk '!seen[$0]++'
+  # The lines from the report itself: a detail may contain quotes (Docker's `driver ""` errors).
+  python3 - "$report" <<'PY'
+import json, sys
+seen = set()
+for results in json.load(open(sys.argv[1]))["hosts"].values():
+    for r in results:
+        name = f"{r.get('section', '?')}/{r.get('check', '?')}"
+        line = f"{r['status'].upper()} {name}: {r.get('detail', '')}"
+        if line not in seen:
+            seen.add(line)
+            print(line)
+PY
 fi
 rm -f "$log"
 python3 -c 'import json, sys; sys.exit(0 if json.load(open(sys.argv[1]))["passed"] else 1)' "$report"

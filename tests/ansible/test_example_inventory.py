@@ -9,7 +9,7 @@ import subprocess
 import pytest
 import yaml
 
-from dinops_testing import REPO, load_plugin
+from dinops_testing import REPO
 
 EXAMPLE = REPO / "inventories/example"
 PROFILES = ("rtx3060ti", "rtx3090")
@@ -28,7 +28,7 @@ PROFILE_KEYS = {
     "data_loader_workers",
     "workloads",
 }
-gpu_table = load_plugin("roles/preflight/filter_plugins/dinops_gpu.py").GPU_TABLE
+GPU_TABLE = yaml.safe_load((REPO / "facts/nvidia.yml").read_text())["gpus"]
 
 
 def inventory_host(env, inventory, host):
@@ -93,7 +93,7 @@ def test_every_profile_states_the_whole_contract(profile):
 def test_profiles_agree_with_the_preflight_gpu_table(profile):
     data = yaml.safe_load((EXAMPLE / f"group_vars/{profile}.yml").read_text())["gpu_profile"]
     assert (data["gpu_name"], data["gpu_memory_gb"], data["compute_capability"], data["architecture"]) in [
-        entry for entry in gpu_table.values()
+        (e["name"], e["memory_gb"], e["compute_capability"], e["generation"]) for e in GPU_TABLE.values()
     ]
 
 
@@ -106,8 +106,8 @@ def test_each_host_resolves_its_profile(ansible_env):
     assert train["gpu_profile"]["workloads"] == ["download", "train", "inference"]
     assert infer["preflight_require_gpu"] is True
     assert resolved(ansible_env, EXAMPLE) == {
-        "infer-1": {"branch": "535", "modules": "open", "shm": "2G", "profile": "rtx3060ti"},
-        "train-1": {"branch": "535", "modules": "open", "shm": "8G", "profile": "rtx3090"},
+        "infer-1": {"branch": "580", "modules": "open", "shm": "2G", "profile": "rtx3060ti"},
+        "train-1": {"branch": "580", "modules": "open", "shm": "8G", "profile": "rtx3090"},
     }
 
 
@@ -122,7 +122,7 @@ def test_moving_a_host_to_another_group_swaps_its_gpu_settings(ansible_env, swap
         k: v for k, v in before.items() if k != "gpu_profile"
     }
     assert resolved(ansible_env, swapped_inventory)["infer-1"] == {
-        "branch": "535",
+        "branch": "580",
         "modules": "open",
         "shm": "8G",
         "profile": "rtx3090",

@@ -23,7 +23,8 @@ def test_json_verdict_and_exit_status_agree(ansible_env):
     assert set(verdict) >= {"counts", "hosts", "passed"}
     assert proc.returncode == (0 if verdict["passed"] else 1)
     statuses = {r["check"]: r["status"] for r in verdict["hosts"]["localhost"]}
-    assert statuses["nvidia_smi"] == "skip" and statuses["cuda_compute"] == "skip"
+    for check in ("driver_loaded", "driver_runs_images", "nvidia_smi", "cuda_in_image"):
+        assert statuses[check] == "skip", check
 
 
 def test_a_failed_check_exits_1_with_one_line_per_check(ansible_env, tmp_path):
@@ -31,6 +32,8 @@ def test_a_failed_check_exits_1_with_one_line_per_check(ansible_env, tmp_path):
     assert proc.returncode == 1, proc.stderr
     lines = proc.stdout.splitlines()
     assert all(line.split(" ", 1)[0] in {"PASS", "FAIL", "SKIP"} for line in lines)
+    checks = [line.split(":", 1)[0].split(" ", 1)[1] for line in lines]
+    assert len(checks) == len(set(checks)), "each check is printed once"
     fails = [line for line in lines if line.startswith("FAIL gpu_host/docker_default_runtime: docker info failed")]
     assert len(fails) == 1
     assert "SKIP gpu_host/nvidia_smi: no NVIDIA GPU on the PCI bus" in lines

@@ -12,7 +12,7 @@ from ansible.errors import AnsibleFilterError
 from dinops_testing import REPO, load_plugin
 
 report = load_plugin("roles/validate/filter_plugins/validate_report.py")
-GPU_CHECKS = ["driver_loaded", "nvidia_smi", "docker_run_gpus", "cuda_compute"]
+GPU_CHECKS = ["driver_loaded", "driver_runs_images", "nvidia_smi", "cuda_in_image"]
 
 
 def run_verify(env, tmp_path, extra_env=None):
@@ -45,7 +45,13 @@ def gpu_host_checks(verdict):
 def test_gpu_checks_are_skipped_not_passed_on_a_host_without_gpu(verify_run):
     proc, verdict = verify_run
     checks = gpu_host_checks(verdict)
-    assert list(checks) == ["driver_loaded", "nvidia_smi", "docker_default_runtime", "docker_run_gpus", "cuda_compute"]
+    assert list(checks) == [
+        "driver_loaded",
+        "driver_runs_images",
+        "nvidia_smi",
+        "docker_default_runtime",
+        "cuda_in_image",
+    ]
     for name in GPU_CHECKS:
         assert checks[name]["status"] == "skip"
         assert checks[name]["detail"] == "no NVIDIA GPU on the PCI bus"

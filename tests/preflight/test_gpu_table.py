@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import pytest
+import yaml
 
-from dinops_testing import load_plugin
+from dinops_testing import REPO, load_plugin
 
 gpu = load_plugin("roles/preflight/filter_plugins/dinops_gpu.py")
+CONTRACT = yaml.safe_load((REPO / "facts/nvidia.yml").read_text())
+TABLE = CONTRACT["gpus"]
 
 # Real `lspci -nn` lines as cloud VMs print them.
 LSPCI_AWS_G4DN = """\
@@ -26,7 +29,7 @@ LSPCI_8X_H100 = "".join(
 
 
 def test_t4_on_aws_is_found_and_the_amazon_vga_is_not():
-    (found,) = gpu.parse_lspci(LSPCI_AWS_G4DN)
+    (found,) = gpu.parse_lspci(LSPCI_AWS_G4DN, TABLE)
     assert found == {
         "pci_id": "10de:1eb8",
         "pci_slot": "00:1e.0",
@@ -34,18 +37,19 @@ def test_t4_on_aws_is_found_and_the_amazon_vga_is_not():
         "memory_gb": 16,
         "compute_capability": "7.5",
         "architecture": "turing",
+        "datacenter": True,
         "known": True,
     }
 
 
 def test_nvidia_audio_function_is_not_a_gpu():
-    gpus = gpu.parse_lspci(LSPCI_DESKTOP_3090)
+    gpus = gpu.parse_lspci(LSPCI_DESKTOP_3090, TABLE)
     assert [g["pci_id"] for g in gpus] == ["10de:2204"]
     assert gpus[0]["memory_gb"] == 24 and gpus[0]["compute_capability"] == "8.6"
 
 
 def test_eight_gpus_in_bus_order():
-    gpus = gpu.parse_lspci(LSPCI_8X_H100)
+    gpus = gpu.parse_lspci(LSPCI_8X_H100, TABLE)
     assert len(gpus) == 8
     assert [g["pci_slot"] for g in gpus][:2] == ["18:00.0", "2a:00.0"]
     assert {g["architecture"] for g in gpus} == {"hopper"}
@@ -72,7 +76,7 @@ def test_no_gpu_and_empty_output():
     ],
 )
 def test_table_lookup(pci_id, name, memory_gb, cc, arch):
-    found = gpu.gpu_lookup(pci_id)
+    found = gpu.gpu_lookup(pci_id, "", TABLE)
     assert (found["name"], found["memory_gb"], found["compute_capability"], found["architecture"]) == (
         name,
         memory_gb,
@@ -83,9 +87,12 @@ def test_table_lookup(pci_id, name, memory_gb, cc, arch):
 
 
 def test_every_table_entry_is_consistent():
-    for pci_id, (name, memory_gb, cc, arch) in gpu.GPU_TABLE.items():
+    for pci_id, entry in TABLE.items():
+        name, memory_gb, cc, arch = entry["name"], entry["memory_gb"], entry["compute_capability"], entry["generation"]
         assert pci_id.startswith("10de:") and len(pci_id) == 9, pci_id
-        assert arch in gpu.ARCHITECTURE_ORDER, (pci_id, arch)
+        assert arch in CONTRACT["generations"], (pci_id, arch)
+        # GeForce and RTX workstation cards are not data-center parts (the open modules refuse them before 545).
+        assert entry["datacenter"] is not any(word in name for word in ("GeForce", "RTX")), (pci_id, name)
         assert memory_gb > 0 and name
         major = int(cc.split(".")[0])
         expected_major = {
@@ -97,6 +104,7 @@ def test_every_table_entry_is_consistent():
             "ampere": 8,
             "ada": 8,
             "hopper": 9,
+            "blackwell": 10,
         }[arch]
         assert major == expected_major, (pci_id, cc, arch)
 
@@ -112,7 +120,7 @@ def test_every_table_entry_is_consistent():
     ],
 )
 def test_unknown_device_gets_architecture_from_chip_name(description, arch):
-    found = gpu.gpu_lookup("10de:ffff", description)
+    found = gpu.gpu_lookup("10de:1fff", description, TABLE)
     assert found["known"] is False
     assert found["architecture"] == arch
     assert found["memory_gb"] is None and found["compute_capability"] is None
@@ -124,5 +132,25 @@ def test_unknown_device_in_lspci_keeps_its_marketing_name():
     assert found["name"] == "L20" and found["architecture"] == "ada" and found["known"] is False
 
 
+def test_blackwell_device_ids_that_old_pci_ids_files_do_not_name():
+    """Ubuntu 20.04/22.04's pci.ids print "Device 2901" for a B200-class device (finding 19 of the GPU-host audit):
+    device ids from 0x2900 on are Blackwell, so the driver role picks the open modules that alone drive it."""
+    line = "1b:00.0 3D controller [0302]: NVIDIA Corporation Device [10de:2941] (rev a1)\n"
+    (found,) = gpu.parse_lspci(line, TABLE)
+    assert (found["architecture"], found["known"]) == ("blackwell", False)
+    assert gpu.gpu_lookup("10de:2901", "", TABLE)["architecture"] == "blackwell"
+
+
+def test_nvswitch_bridges_are_counted_not_taken_for_gpus():
+    """HGX boards (p4d.24xlarge: 8 x A100 and 6 NVSwitches) list the NVSwitches as NVIDIA bridges, class 0680."""
+    lspci = LSPCI_8X_H100 + "".join(
+        f"{bus:02x}:00.0 Bridge [0680]: NVIDIA Corporation GA100 [A100 NVSwitch] [10de:1af1] (rev a1)\n"
+        for bus in (0xC7, 0xC8, 0xC9, 0xCA, 0xCB, 0xCC)
+    )
+    assert len(gpu.parse_lspci(lspci, TABLE)) == 8
+    assert gpu.count_nvswitches(lspci) == 6
+    assert gpu.count_nvswitches(LSPCI_DESKTOP_3090) == 0
+
+
 def test_filters_are_registered():
-    assert set(gpu.FilterModule().filters()) == {"dinops_parse_lspci", "dinops_gpu_lookup"}
+    assert set(gpu.FilterModule().filters()) == {"dinops_parse_lspci", "dinops_gpu_lookup", "dinops_count_nvswitches"}

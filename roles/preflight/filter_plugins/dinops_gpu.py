@@ -1,12 +1,14 @@
-"""GPU knowledge for preflight: parse `lspci -nn`, look NVIDIA devices up in a table of common cloud GPUs.
+"""GPU knowledge for preflight: parse `lspci -nn`, look NVIDIA devices up in the contract's GPU table.
 
 Filters:
-  dinops_parse_lspci(text)        -> list of NVIDIA display devices found in `lspci -nn` output
-  dinops_gpu_lookup(pci_id, name) -> {name, memory_gb, compute_capability, architecture, known}
+  dinops_parse_lspci(text, table)        -> list of NVIDIA display devices found in `lspci -nn` output
+  dinops_count_nvswitches(text)          -> number of NVIDIA NVSwitch bridges in `lspci -nn` output
+  dinops_gpu_lookup(pci_id, name, table) -> {name, memory_gb, compute_capability, architecture, datacenter, known}
 
-The table is keyed by PCI vendor:device id, which is what `lspci -nn` prints and what cloud VMs expose. Devices
-missing from the table still get an architecture from the chip code name in lspci's text (GA102 -> ampere),
-so the driver role can choose open or proprietary kernel modules for GPUs we have never seen.
+The table (``gpus`` of facts/nvidia.yml, the compatibility contract) is keyed by PCI vendor:device id, which is
+what `lspci -nn` prints and what cloud VMs expose. Devices missing from the table still get an architecture from
+the chip code name in lspci's text (GA102 -> ampere) or their device id (Blackwell), so the driver role can choose
+open or proprietary kernel modules for GPUs we have never seen.
 """
 
 from __future__ import annotations
@@ -17,41 +19,11 @@ NVIDIA_VENDOR = "10de"
 # PCI class codes of display controllers: VGA (0300) and 3D controller (0302, data-centre GPUs).
 DISPLAY_CLASSES = {"0300", "0302"}
 
-# name, memory (GB), compute capability, architecture
-GPU_TABLE: dict[str, tuple[str, int, str, str]] = {
-    "10de:102d": ("Tesla K80", 12, "3.7", "kepler"),
-    "10de:13f2": ("Tesla M60", 8, "5.2", "maxwell"),
-    "10de:15f7": ("Tesla P100 PCIe 12GB", 12, "6.0", "pascal"),
-    "10de:15f8": ("Tesla P100 PCIe 16GB", 16, "6.0", "pascal"),
-    "10de:15f9": ("Tesla P100 SXM2 16GB", 16, "6.0", "pascal"),
-    "10de:1bb3": ("Tesla P4", 8, "6.1", "pascal"),
-    "10de:1b38": ("Tesla P40", 24, "6.1", "pascal"),
-    "10de:1db1": ("Tesla V100 SXM2 16GB", 16, "7.0", "volta"),
-    "10de:1db4": ("Tesla V100 PCIe 16GB", 16, "7.0", "volta"),
-    "10de:1db5": ("Tesla V100 SXM2 32GB", 32, "7.0", "volta"),
-    "10de:1db6": ("Tesla V100 PCIe 32GB", 32, "7.0", "volta"),
-    "10de:1eb8": ("Tesla T4", 16, "7.5", "turing"),
-    "10de:1e04": ("GeForce RTX 2080 Ti", 11, "7.5", "turing"),
-    "10de:20b0": ("A100 SXM4 40GB", 40, "8.0", "ampere"),
-    "10de:20b2": ("A100 SXM4 80GB", 80, "8.0", "ampere"),
-    "10de:20b5": ("A100 PCIe 80GB", 80, "8.0", "ampere"),
-    "10de:20f1": ("A100 PCIe 40GB", 40, "8.0", "ampere"),
-    "10de:2230": ("RTX A6000", 48, "8.6", "ampere"),
-    "10de:2235": ("A40", 48, "8.6", "ampere"),
-    "10de:2236": ("A10", 24, "8.6", "ampere"),
-    "10de:2237": ("A10G", 24, "8.6", "ampere"),
-    "10de:2204": ("GeForce RTX 3090", 24, "8.6", "ampere"),
-    "10de:2206": ("GeForce RTX 3080", 10, "8.6", "ampere"),
-    "10de:2486": ("GeForce RTX 3060 Ti", 8, "8.6", "ampere"),
-    "10de:2489": ("GeForce RTX 3060 Ti LHR", 8, "8.6", "ampere"),
-    "10de:2684": ("GeForce RTX 4090", 24, "8.9", "ada"),
-    "10de:26b5": ("L40", 48, "8.9", "ada"),
-    "10de:26b9": ("L40S", 48, "8.9", "ada"),
-    "10de:27b8": ("L4", 24, "8.9", "ada"),
-    "10de:2330": ("H100 SXM5 80GB", 80, "9.0", "hopper"),
-    "10de:2331": ("H100 PCIe 80GB", 80, "9.0", "hopper"),
-    "10de:2335": ("H200 SXM 141GB", 141, "9.0", "hopper"),
-}
+# PCI class of NVSwitch devices: "Bridge [0680]" (HGX A100/H100 boards: AWS p4d, p5.48xlarge).
+NVSWITCH_CLASS = "0680"
+# Device ids from 0x2900 on are Blackwell (GB100/GB102: B100, B200 "Device 2901"), which older pci.ids files do not
+# name yet (Ubuntu 20.04/22.04 print "Device 2901").
+BLACKWELL_FIRST_DEVICE = 0x2900
 
 # Chip code-name prefixes (as lspci prints them: "NVIDIA Corporation GA102 [GeForce RTX 3090]").
 CHIP_ARCHITECTURES = (
@@ -66,8 +38,6 @@ CHIP_ARCHITECTURES = (
     ("GB", "blackwell"),
 )
 
-# Generations in release order; the driver role compares against this (open kernel modules need >= turing).
-ARCHITECTURE_ORDER = ("kepler", "maxwell", "pascal", "volta", "turing", "ampere", "ada", "hopper", "blackwell")
 
 _LSPCI_LINE = re.compile(
     r"^(?P<slot>\S+)\s+(?P<class_name>.+?)\s+\[(?P<class>[0-9a-fA-F]{4})\]:\s+(?P<desc>.*?)"
@@ -84,45 +54,65 @@ def architecture_from_text(text: str) -> str:
     return next(arch for prefix, arch in CHIP_ARCHITECTURES if chip.startswith(prefix))
 
 
-def gpu_lookup(pci_id: str, description: str = "") -> dict:
-    """What we know of an NVIDIA device: from the table, else the architecture from lspci's text."""
+def gpu_lookup(pci_id: str, description: str = "", table: dict | None = None) -> dict:
+    """What we know of an NVIDIA device: from the table, else the architecture from lspci's text or its id."""
     key = (pci_id or "").strip().lower()
-    if key in GPU_TABLE:
-        name, memory_gb, compute_capability, architecture = GPU_TABLE[key]
+    entry = (table or {}).get(key)
+    if entry:
         return {
-            "name": name,
-            "memory_gb": memory_gb,
-            "compute_capability": compute_capability,
-            "architecture": architecture,
+            "name": entry["name"],
+            "memory_gb": entry["memory_gb"],
+            "compute_capability": str(entry["compute_capability"]),
+            "architecture": entry["generation"],
+            "datacenter": bool(entry["datacenter"]),
             "known": True,
         }
     bracketed = re.findall(r"\[([^\]]+)\]", description or "")
+    name = bracketed[-1] if bracketed else (description or key or "unknown NVIDIA device")
+    architecture = architecture_from_text(description)
+    device = key.split(":")[-1]
+    if architecture == "unknown" and re.fullmatch(r"[0-9a-f]{4}", device) and int(device, 16) >= BLACKWELL_FIRST_DEVICE:
+        architecture = "blackwell"
     return {
-        "name": bracketed[-1] if bracketed else (description or key or "unknown NVIDIA device"),
+        "name": name,
         "memory_gb": None,
         "compute_capability": None,
-        "architecture": architecture_from_text(description),
+        "architecture": architecture,
+        # Unknown branding: treated as not data-center, so old branches' open modules are not chosen for it.
+        "datacenter": not re.search(r"GeForce|RTX|Quadro|TITAN", name) and bool(re.search(r"Tesla|^[ABHLT]\d", name)),
         "known": False,
     }
 
 
-def parse_lspci(text: str) -> list[dict]:
-    """NVIDIA display controllers in `lspci -nn` output, in bus order, with what the table knows of each."""
-    gpus = []
+def _nvidia_devices(text: str):
     for line in (text or "").splitlines():
         match = _LSPCI_LINE.match(line.strip())
-        if not match or match.group("vendor").lower() != NVIDIA_VENDOR:
-            continue
+        if match and match.group("vendor").lower() == NVIDIA_VENDOR:
+            yield match
+
+
+def parse_lspci(text: str, table: dict | None = None) -> list[dict]:
+    """NVIDIA display controllers in `lspci -nn` output, in bus order, with what the table knows of each."""
+    gpus = []
+    for match in _nvidia_devices(text):
         if match.group("class").lower() not in DISPLAY_CLASSES:
-            continue  # NVIDIA audio functions, USB controllers and bridges are not GPUs
+            continue  # NVIDIA audio functions, USB controllers and NVSwitch bridges are not GPUs
         pci_id = f"{NVIDIA_VENDOR}:{match.group('device').lower()}"
-        gpus.append({"pci_id": pci_id, "pci_slot": match.group("slot"), **gpu_lookup(pci_id, match.group("desc"))})
+        gpus.append(
+            {"pci_id": pci_id, "pci_slot": match.group("slot"), **gpu_lookup(pci_id, match.group("desc"), table)}
+        )
     return gpus
+
+
+def count_nvswitches(text: str) -> int:
+    """NVSwitch devices (NVIDIA, class Bridge 0680) in `lspci -nn` output: such hosts need Fabric Manager."""
+    return sum(1 for match in _nvidia_devices(text) if match.group("class").lower() == NVSWITCH_CLASS)
 
 
 class FilterModule:
     def filters(self):
         return {
             "dinops_parse_lspci": parse_lspci,
+            "dinops_count_nvswitches": count_nvswitches,
             "dinops_gpu_lookup": gpu_lookup,
         }
