@@ -18,3 +18,34 @@ def load_plugin(relative_path: str):
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def driver_plan_settings(release: str, kernel: str, kernel_flavour: str, **overrides) -> dict:
+    """Settings for the nvidia_driver role's plan filter as the role builds them on a host with the role's defaults
+    (branch, flavour, server, headless, prebuilt modules), the compatibility contract, no GPU and nothing installed;
+    ``overrides`` replace any key. ``release`` is "ubuntu-24.04" or "debian-12"."""
+    import yaml
+
+    defaults = yaml.safe_load((REPO / "roles/nvidia_driver/defaults/main.yml").read_text())
+    os_id, os_version = release.split("-")
+    settings = {
+        "os_id": os_id,
+        "os_version": os_version,
+        "kernel": kernel,
+        "kernel_flavour": kernel_flavour,
+        "gpus": [],
+        "nvswitch_count": 0,
+        "branch": defaults["nvidia_driver_branch"],
+        "kernel_modules": defaults["nvidia_driver_kernel_modules"],
+        "source": defaults["nvidia_driver_source"],
+        "server": defaults["nvidia_driver_server"],
+        "headless": defaults["nvidia_driver_headless"],
+        "prebuilt_modules": defaults["nvidia_driver_prebuilt_modules"],
+        "secure_boot": "disabled",
+        "secure_boot_mok_enrolled": False,
+        "contract": yaml.safe_load((REPO / "facts/nvidia.yml").read_text()),
+        "installed": [],
+        "held": [],
+    }
+    settings.update(overrides)
+    return settings

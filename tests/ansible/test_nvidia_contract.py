@@ -13,7 +13,7 @@ import re
 import pytest
 import yaml
 
-from dinops_testing import REPO, load_plugin
+from dinops_testing import REPO, driver_plan_settings, load_plugin
 
 plan = load_plugin("roles/nvidia_driver/filter_plugins/nvidia_driver_plan.py").dinops_nvidia_driver_plan
 CONTRACT = yaml.safe_load((REPO / "facts/nvidia.yml").read_text())
@@ -27,29 +27,10 @@ KERNELS = {"ubuntu": ("6.8.0-142-generic", "generic"), "debian": ("6.1.0-37-clou
 
 
 def host_settings(release, branch, kernel_modules, gpus, **overrides):
-    os_id, os_version = release.split("-")
-    kernel, flavour = KERNELS[os_id]
-    settings = {
-        "os_id": os_id,
-        "os_version": os_version,
-        "kernel": kernel,
-        "kernel_flavour": flavour,
-        "gpus": gpus,
-        "nvswitch_count": 0,
-        "branch": branch,
-        "kernel_modules": kernel_modules,
-        "source": "",
-        "server": True,
-        "headless": True,
-        "prebuilt_modules": True,
-        "secure_boot": "disabled",
-        "secure_boot_mok_enrolled": False,
-        "contract": CONTRACT,
-        "installed": [],
-        "held": [],
-    }
-    settings.update(overrides)
-    return settings
+    kernel, flavour = KERNELS[release.split("-")[0]]
+    return driver_plan_settings(
+        release, kernel, flavour, branch=branch, kernel_modules=kernel_modules, gpus=gpus, **overrides
+    )
 
 
 def profile_gpu(profile):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from dinops_testing import REPO, load_plugin
+from dinops_testing import REPO, driver_plan_settings, load_plugin
 
 filters = load_plugin("roles/nvidia_driver/filter_plugins/nvidia_driver_plan.py")
 plan = filters.dinops_nvidia_driver_plan
@@ -35,29 +35,11 @@ GENERATIONS = {
 
 
 def settings(release="ubuntu-22.04", gpus=("ampere",), datacenter=True, **overrides):
-    os_id, os_version = release.split("-")
     kernel, flavour = KERNELS[release]
-    base = {
-        "os_id": os_id,
-        "os_version": os_version,
-        "kernel": kernel,
-        "kernel_flavour": flavour,
-        "gpus": [{"architecture": arch, "datacenter": datacenter, "name": f"{arch} GPU"} for arch in gpus],
-        "nvswitch_count": 0,
-        "branch": DEFAULTS["nvidia_driver_branch"],
-        "kernel_modules": DEFAULTS["nvidia_driver_kernel_modules"],
-        "source": DEFAULTS["nvidia_driver_source"],
-        "server": DEFAULTS["nvidia_driver_server"],
-        "headless": DEFAULTS["nvidia_driver_headless"],
-        "prebuilt_modules": DEFAULTS["nvidia_driver_prebuilt_modules"],
-        "secure_boot": "disabled",
-        "secure_boot_mok_enrolled": False,
-        "contract": CONTRACT,
-        "installed": [],
-        "held": [],
-    }
-    base.update(overrides)
-    return base
+    gpus = [{"architecture": arch, "datacenter": datacenter, "name": f"{arch} GPU"} for arch in gpus]
+    settings = driver_plan_settings(release, kernel, flavour, gpus=gpus)
+    settings.update(overrides)
+    return settings
 
 
 @pytest.mark.parametrize("release", sorted(KERNELS))

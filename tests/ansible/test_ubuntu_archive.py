@@ -27,7 +27,7 @@ import pytest
 import yaml
 from aptarchive import FIXTURE, SimResult, UbuntuArchive, load_stanzas
 
-from dinops_testing import REPO, load_plugin
+from dinops_testing import REPO, driver_plan_settings, load_plugin
 
 filters = load_plugin("roles/nvidia_driver/filter_plugins/nvidia_driver_plan.py")
 plan = filters.dinops_nvidia_driver_plan
@@ -78,25 +78,16 @@ def settings(archive: UbuntuArchive, kernel: str, kernel_modules: str = "open", 
     """The role's plan settings (vars/main.yml) for this host: installed and held packages from its dpkg state,
     the kernel flavour the way the role derives it from the installed packages."""
     installed = sorted(archive.state())
-    base = {
-        "os_id": "ubuntu",
-        "os_version": VERSIONS[archive.release],
-        "kernel": kernel,
-        "kernel_flavour": filters.dinops_kernel_flavour(installed, kernel, "ubuntu"),
-        "gpus": [{"architecture": "ampere", "datacenter": True, "name": "A100 SXM4 80GB"}],
-        "nvswitch_count": 0,
-        "branch": BRANCH,
-        "kernel_modules": kernel_modules,
-        "source": "",
-        "server": True,
-        "headless": True,
-        "prebuilt_modules": True,
-        "secure_boot": "disabled",
-        "secure_boot_mok_enrolled": False,
-        "contract": CONTRACT,
-        "installed": installed,
-        "held": archive.held(),
-    }
+    base = driver_plan_settings(
+        f"ubuntu-{VERSIONS[archive.release]}",
+        kernel,
+        filters.dinops_kernel_flavour(installed, kernel, "ubuntu"),
+        gpus=[{"architecture": "ampere", "datacenter": True, "name": "A100 SXM4 80GB"}],
+        branch=BRANCH,
+        kernel_modules=kernel_modules,
+        installed=installed,
+        held=archive.held(),
+    )
     base.update(overrides)
     return base
 
