@@ -7,6 +7,8 @@ import json
 import pytest
 import yaml
 from ansible.errors import AnsibleFilterError
+from ansible.parsing.dataloader import DataLoader
+from ansible.template import Templar, trust_as_template
 
 from dinops_testing import REPO, load_plugin
 
@@ -43,9 +45,10 @@ def test_managed_keys_for_a_gpu_host():
     assert managed_keys(GPU_HOST) == GPU_MANAGED
 
 
-def test_managed_keys_for_a_cpu_host_leave_runtimes_alone():
+def test_managed_keys_for_a_cpu_host_leave_runtimes_alone_and_withdraw_the_nvidia_default():
     cpu = dict(GPU_HOST, nvidia_runtime=False, nvidia_default_runtime=False, data_root="/data/docker")
     assert managed_keys(cpu) == {
+        "default-runtime": None,
         "default-shm-size": "2G",
         "log-opts": {"max-size": "100m", "max-file": "3"},
         "data-root": "/data/docker",
@@ -156,24 +159,100 @@ def test_non_dict_managed_keys_are_a_programming_error():
         merge("{}", ["runtimes"])
 
 
-def test_toolkit_and_docker_roles_agree_so_neither_undoes_the_other():
-    """The toolkit role merges the runtime before the docker role runs; both use their own defaults."""
-    docker = yaml.safe_load((REPO / "roles/docker/defaults/main.yml").read_text())
-    toolkit = yaml.safe_load((REPO / "roles/nvidia_container_toolkit/defaults/main.yml").read_text())
-    assert docker["docker_nvidia_runtime_path"] == toolkit["nvidia_container_toolkit_runtime_path"]
-    common = {
-        "nvidia_runtime": True,
-        "nvidia_runtime_path": docker["docker_nvidia_runtime_path"],
-        "default_shm_size": docker["docker_default_shm_size"],
-        "log_max_size": docker["docker_log_max_size"],
-        "log_max_file": docker["docker_log_max_file"],
-        "data_root": docker["docker_data_root"],
-    }
-    from_toolkit = managed_keys(
-        dict(common, nvidia_default_runtime=toolkit["nvidia_container_toolkit_docker_default_runtime"])
+@pytest.mark.parametrize(
+    ("current", "kept"),
+    [("nvidia", None), ("runc", "runc"), ("crun", "crun"), (None, None)],
+)
+def test_false_default_runtime_withdraws_nvidia_and_only_nvidia(current, kept):
+    config = {"runtimes": {"nvidia": {"path": "nvidia-container-runtime", "runtimeArgs": []}}, "bip": "172.31.0.1/24"}
+    if current:
+        config["default-runtime"] = current
+    result = merge(json.dumps(config), managed_keys(dict(GPU_HOST, nvidia_default_runtime=False)))
+    assert result["config"].get("default-runtime") == kept
+    assert result["config"]["runtimes"] == config["runtimes"]
+    assert result["config"]["bip"] == "172.31.0.1/24"
+
+
+def _trusted(value):
+    if isinstance(value, str):
+        return trust_as_template(value)
+    if isinstance(value, dict):
+        return {key: _trusted(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_trusted(item) for item in value]
+    return value
+
+
+def role_values(role, names, **variables):
+    """Template a role's defaults and vars the way Ansible does, with ``variables`` (facts, inventory) on top."""
+    values = {}
+    for layer in ("defaults", "vars"):
+        path = REPO / "roles" / role / layer / "main.yml"
+        if path.exists():
+            values.update(yaml.safe_load(path.read_text()) or {})
+    values = _trusted(values) | variables
+    templar = Templar(loader=DataLoader(), variables=values)
+    return {name: templar.template(values[name]) for name in names}
+
+
+DOCKER_NVIDIA_KEYS = ("docker_nvidia_runtime", "docker_nvidia_default_runtime", "docker_nvidia_runtime_path")
+
+
+@pytest.mark.parametrize(
+    ("ansible_local", "expected"),
+    [
+        (None, (False, False, "/usr/bin/nvidia-container-runtime")),
+        # A GPU that preflight found is not a toolkit: nothing to point dockerd at yet.
+        ({"dinops": {"gpu_count": 2}}, (False, False, "/usr/bin/nvidia-container-runtime")),
+        (
+            {"dinops_nvidia_runtime": {"path": "/opt/nvidia/runtime", "default": True}},
+            (True, True, "/opt/nvidia/runtime"),
+        ),
+        (
+            {"dinops_nvidia_runtime": {"path": "/usr/bin/nvidia-container-runtime", "default": False}},
+            (True, False, "/usr/bin/nvidia-container-runtime"),
+        ),
+    ],
+)
+def test_docker_nvidia_keys_follow_the_toolkit_roles_fact(ansible_local, expected):
+    facts = {} if ansible_local is None else {"ansible_local": ansible_local}
+    values = role_values("docker", DOCKER_NVIDIA_KEYS, **facts)
+    assert tuple(values[name] for name in DOCKER_NVIDIA_KEYS) == expected
+
+
+def test_the_toolkit_merges_daemon_json_with_the_docker_roles_own_values():
+    """One source of truth: the toolkit's merge passes no nvidia values of its own that docker's could contradict."""
+    tasks = yaml.safe_load((REPO / "roles/nvidia_container_toolkit/tasks/runtimes.yml").read_text())
+    includes = [task for task in tasks if task.get("ansible.builtin.include_role", {}).get("name") == "docker"]
+    assert includes, "the toolkit role no longer merges daemon.json through the docker role"
+    for task in includes:
+        assert not [name for name in task.get("vars", {}) if name.startswith("docker_nvidia")], task["name"]
+
+
+@pytest.mark.parametrize("default_runtime", [True, False])
+def test_toolkit_then_docker_then_again_writes_once_and_honours_the_default_runtime_choice(default_runtime):
+    """Playbook order: the toolkit role records its fact and merges, the docker role merges; then a second run."""
+    fact = role_values(
+        "nvidia_container_toolkit",
+        ["__nvidia_container_toolkit_runtime_fact"],
+        nvidia_container_toolkit_docker_default_runtime=default_runtime,
+    )["__nvidia_container_toolkit_runtime_fact"]
+    docker = role_values(
+        "docker", [*DOCKER_NVIDIA_KEYS, "docker_default_shm_size"], ansible_local={"dinops_nvidia_runtime": fact}
     )
-    from_docker = managed_keys(dict(common, nvidia_default_runtime=True))
-    first = merge(USER_FILE, from_toolkit)["content"]
-    second = merge(first, from_docker)
-    assert second["needs_write"] is False
-    assert merge(second["content"], from_toolkit)["needs_write"] is False
+    managed = managed_keys(
+        {
+            "nvidia_runtime": docker["docker_nvidia_runtime"],
+            "nvidia_runtime_path": docker["docker_nvidia_runtime_path"],
+            "nvidia_default_runtime": docker["docker_nvidia_default_runtime"],
+            "default_shm_size": docker["docker_default_shm_size"],
+        }
+    )
+    user_file = json.dumps({"bip": "172.31.0.1/24", "default-runtime": "nvidia"})
+    toolkit_run = merge(user_file, managed)
+    docker_run = merge(toolkit_run["content"], managed)
+    second_toolkit_run = merge(docker_run["content"], managed)
+    assert docker_run["needs_write"] is False
+    assert second_toolkit_run["needs_write"] is False
+    assert toolkit_run["config"]["runtimes"]["nvidia"]["path"] == "/usr/bin/nvidia-container-runtime"
+    assert ("default-runtime" in toolkit_run["config"]) is default_runtime

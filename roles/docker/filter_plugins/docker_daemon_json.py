@@ -14,6 +14,9 @@ from ansible.errors import AnsibleFilterError
 
 # Keys whose value is a dict that several parties share: dinops sets its entries, others keep theirs.
 MERGED_DICT_KEYS = ("runtimes", "log-opts")
+# A managed key whose value is None withdraws the value dinops sets for it, and only that value: a default
+# runtime someone else chose (runc, crun, kata) stays.
+WITHDRAWN_VALUES = {"default-runtime": "nvidia"}
 # Log drivers that understand max-size / max-file (dockerd refuses to start with them on other drivers).
 ROTATING_LOG_DRIVERS = ("json-file", "local")
 DEFAULT_LOG_DRIVER = "json-file"
@@ -22,9 +25,11 @@ DEFAULT_LOG_DRIVER = "json-file"
 def dinops_daemon_json_managed(options):
     """Build the managed keys from the role's settings.
 
-    ``options`` keys: nvidia_runtime (bool), nvidia_runtime_path (str), nvidia_default_runtime (bool),
-    default_shm_size (str, '' = unmanaged), log_max_size (str, '' = unmanaged), log_max_file (int, 0 = unmanaged),
-    data_root (str, '' = unmanaged).
+    ``options`` keys: nvidia_runtime (bool), nvidia_runtime_path (str), nvidia_default_runtime (bool: true sets
+    ``default-runtime: nvidia``, false withdraws it, absent leaves the key alone), default_shm_size (str, '' =
+    unmanaged), log_max_size (str, '' = unmanaged), log_max_file (int, 0 = unmanaged), data_root (str, '' =
+    unmanaged). Docker's keys: ``runtimes.<name>.path``/``runtimeArgs`` and ``default-runtime`` (default runc), as
+    documented in https://docs.docker.com/reference/cli/dockerd/#configure-container-runtimes.
     """
     if not isinstance(options, dict):
         raise AnsibleFilterError(f"dinops_daemon_json_managed expects a dict of settings, got {type(options).__name__}")
@@ -39,6 +44,8 @@ def dinops_daemon_json_managed(options):
                 " (dockerd refuses to start with a default runtime it does not know)"
             )
         managed["default-runtime"] = "nvidia"
+    elif "nvidia_default_runtime" in options:
+        managed["default-runtime"] = None
     if options.get("default_shm_size"):
         managed["default-shm-size"] = str(options["default_shm_size"])
     log_opts = {}
@@ -96,6 +103,10 @@ def dinops_daemon_json_merge(text, managed, path="/etc/docker/daemon.json"):
     merged = json.loads(json.dumps(current))  # deep copy, keeps key order
     notes = []
     for key, value in managed.items():
+        if value is None:
+            if key in WITHDRAWN_VALUES and merged.get(key) == WITHDRAWN_VALUES[key]:
+                del merged[key]
+            continue
         if key == "log-opts":
             driver = merged.get("log-driver", DEFAULT_LOG_DRIVER)
             if driver not in ROTATING_LOG_DRIVERS:

@@ -51,6 +51,7 @@ NVIDIA_REPO_PACKAGES = [
 # or flavour change has to remove. Userspace libraries follow their headless/DKMS package through Conflicts.
 _UBUNTU_DRIVER_PACKAGE = re.compile(
     r"^(nvidia-headless-no-dkms|nvidia-headless|nvidia-driver|nvidia-dkms|nvidia-kernel-source|nvidia-utils"
+    r"|nvidia-kernel-common|nvidia-compute-utils|libnvidia-cfg1|nvidia-firmware"
     r"|libnvidia-compute|linux-modules-nvidia|linux-objects-nvidia|nvidia-fabricmanager|libnvidia-nscq)"
     r"-(\d{3})((?:-server)?(-open)?)(?:-|$)"
 )
