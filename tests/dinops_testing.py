@@ -49,3 +49,22 @@ def driver_plan_settings(release: str, kernel: str, kernel_flavour: str, **overr
     }
     settings.update(overrides)
     return settings
+
+
+def run_playbook(tmp: Path, play: list, inventory: str = "localhost,", config: str = "") -> None:
+    """Write ``play`` to tmp/play.yml and run it with this venv's ansible-playbook on ``inventory``, with an
+    ansible.cfg of its own (``config``: more [defaults] lines); fail the test with the output's end when it fails."""
+    import os
+    import subprocess
+
+    import yaml
+
+    (tmp / "play.yml").write_text(yaml.safe_dump(play))
+    (tmp / "ansible.cfg").write_text(f"[defaults]\nstdout_callback = ansible.builtin.default\n{config}")
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", inventory, str(tmp / "play.yml"),
+         "-e", f"ansible_python_interpreter={sys.executable}"],
+        capture_output=True, text=True, check=False, timeout=300,
+        env={**os.environ, "ANSIBLE_CONFIG": str(tmp / "ansible.cfg")},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dinops_testing import REPO, load_plugin
+from dinops_testing import REPO, load_plugin, run_playbook
 
 gpu = load_plugin("roles/validate/filter_plugins/validate_gpu.py")
 ROLE = REPO / "roles" / "validate"
@@ -293,17 +293,9 @@ def verdicts(tmp_path_factory, cpu_probe):
             "tasks": tasks,
         }
     ]
-    (tmp / "play.yml").write_text(yaml.safe_dump(play))
-    (tmp / "ansible.cfg").write_text(
-        f"[defaults]\nstdout_callback = ansible.builtin.default\nfilter_plugins = {ROLE / 'filter_plugins'}\n"
+    run_playbook(
+        tmp, play, inventory=str(REPO / "inventories" / "local"), config=f"filter_plugins = {ROLE / 'filter_plugins'}\n"
     )
-    result = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", f"{REPO / 'inventories' / 'local'}",
-         str(tmp / "play.yml"), "-e", f"ansible_python_interpreter={sys.executable}"],
-        capture_output=True, text=True, check=False, timeout=300,
-        env={**os.environ, "ANSIBLE_CONFIG": str(tmp / "ansible.cfg")},
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return {
         name: {r["check"]: (r["status"], r["detail"]) for r in json.loads((tmp / f"{name}.json").read_text())}
         for name in states

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
+
+from dinops_testing import run_playbook
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO / "roles" / "validate" / "templates" / "cluster_results.json.j2"
@@ -98,15 +96,7 @@ def verdicts(tmp_path_factory):
         for name, variables in STATES.items()
     ]
     play = [{"hosts": "localhost", "connection": "local", "gather_facts": False, "tasks": tasks}]
-    (tmp / "play.yml").write_text(yaml.safe_dump(play))
-    (tmp / "ansible.cfg").write_text("[defaults]\nstdout_callback = ansible.builtin.default\n")
-    result = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", str(tmp / "play.yml"),
-         "-e", f"ansible_python_interpreter={sys.executable}"],
-        capture_output=True, text=True, check=False, timeout=300,
-        env={**os.environ, "ANSIBLE_CONFIG": str(tmp / "ansible.cfg")},
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    run_playbook(tmp, play)
     return {
         name: {r["check"]: (r["status"], r["detail"]) for r in json.loads((tmp / f"{name}.json").read_text())}
         for name in STATES
