@@ -21,6 +21,7 @@ class FakeApi:
 
     def __init__(self) -> None:
         self.reply: dict = {}
+        self.ready_reply: dict = {}  # what /readyz answers: {"status": 503, "json": {...}}; empty: 200 ready
         self.received: list[dict] = []
         app = Flask("fake_api")
 
@@ -42,7 +43,9 @@ class FakeApi:
 
         @app.get("/readyz")
         def readyz():
-            return jsonify(status="ready")
+            response = jsonify(self.ready_reply.get("json", {"status": "ready"}))
+            response.status_code = self.ready_reply.get("status", 200)
+            return response
 
         self.server = make_server("127.0.0.1", 0, app, threaded=True)
         self.url = f"http://127.0.0.1:{self.server.server_port}"
@@ -58,7 +61,7 @@ def _fake_api():
 
 @pytest.fixture
 def fake_api(_fake_api):
-    _fake_api.reply, _fake_api.received = {}, []
+    _fake_api.reply, _fake_api.received, _fake_api.ready_reply = {}, [], {}
     return _fake_api
 
 

@@ -153,3 +153,23 @@ def test_errors_are_shown_in_plain_words(stack, page, tmp_path):
     page.set_input_files("#file", str(good))
     page.wait_for_selector('#status[data-state="done"]')
     assert page.locator("tr.detection").count() == MAX_DETECTIONS
+
+
+def test_an_api_waiting_for_a_model_is_shown_as_such(stack, page, tmp_path):
+    """A second API started with DINO_WAIT_FOR_MODEL and no checkpoint yet, and a client in front of it."""
+    missing = tmp_path / "models" / "checkpoint.pth"
+    api, client = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    api_env = {"DINO_CHECKPOINT": str(missing), "DINO_BIND": api, "DINO_WAIT_FOR_MODEL": "true"}
+    client_env = {"DINO_API_URL": f"http://{api}", "CLIENT_BIND": client}
+    with (
+        running("serve", api_env, f"http://{api}", tmp_path / "serve.log", ready="/healthz"),
+        running("client", client_env, f"http://{client}", tmp_path / "client.log"),
+    ):
+        assert requests.get(f"http://{client}/readyz", timeout=10).json()["api"] == f"waiting for a model ({missing})"
+        page.goto(f"http://{client}/")
+        image = tmp_path / "photo.png"
+        Image.new("RGB", (64, 48), (200, 30, 30)).save(image, "PNG")
+        page.set_input_files("#file", str(image))
+        page.wait_for_selector('#status[data-state="waiting"]')
+        text = page.text_content("#status")
+        assert text.startswith(f"The model is not there yet: waiting for a model ({missing}) …"), text

@@ -22,7 +22,7 @@ def _metric(text: str, name: str, **labels: str) -> float:
 
 
 def test_health_and_readiness(client):
-    assert client.get("/healthz").get_json() == {"status": "alive"}
+    assert client.get("/healthz").get_json() == {"status": "alive", "model": "ready", "checkpoint": ""}
     ready = client.get("/readyz")
     body = ready.get_json()
     assert ready.status_code == 200

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import re
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -26,10 +27,13 @@ CSP = (
 )
 
 
+WAITING = re.compile(r"^waiting for a model: (?P<path>.*) does not exist yet")
+
+
 class ClientError(Exception):
-    def __init__(self, status: int, message: str, retry_after: str | None = None) -> None:
+    def __init__(self, status: int, message: str, retry_after: str | None = None, model: str | None = None) -> None:
         super().__init__(message)
-        self.status, self.message, self.retry_after = status, message, retry_after
+        self.status, self.message, self.retry_after, self.model = status, message, retry_after, model
 
 
 def settings_config(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -49,7 +53,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
 
     @app.errorhandler(ClientError)
     def client_error(exc: ClientError):
-        response = jsonify(error=exc.message)
+        response = jsonify(error=exc.message, **({"model": exc.model} if exc.model else {}))
         response.status_code = exc.status
         if exc.retry_after:
             response.headers["Retry-After"] = exc.retry_after
@@ -96,6 +100,9 @@ def readyz():
     try:
         api = current_app.extensions["api_session"].get(current_app.config["API_URL"] + "/readyz", timeout=2)
         api_state = "ready" if api.status_code == 200 else f"not ready (HTTP {api.status_code})"
+        waiting = _waiting_for(_json_or_none(api)) if api.status_code == 503 else None
+        if waiting is not None:
+            api_state = f"waiting for a model ({waiting})"
     except requests.RequestException:
         api_state = "unreachable"
     return jsonify(status="ready", api=api_state)
@@ -160,11 +167,27 @@ def detect():
     return jsonify(**_interpret(answer), latency_ms=latency_ms)
 
 
-def _interpret(answer: requests.Response) -> dict[str, Any]:
+def _json_or_none(answer: requests.Response) -> Any:
     try:
-        body = answer.json()
+        return answer.json()
     except ValueError:
-        body = None
+        return None
+
+
+def _waiting_for(body: Any) -> str | None:
+    """The checkpoint path when the API's answer says it is waiting for a model; None otherwise."""
+    if not isinstance(body, dict):
+        return None
+    message = body.get("error") if isinstance(body.get("error"), str) else ""
+    match = WAITING.match(message)
+    if body.get("code") != "model_waiting" and body.get("status") != "waiting for a model" and not match:
+        return None
+    path = body.get("checkpoint")
+    return str(path) if isinstance(path, str) and path else (match.group("path") if match else "no path given")
+
+
+def _interpret(answer: requests.Response) -> dict[str, Any]:
+    body = _json_or_none(answer)
     api_message = body.get("error") if isinstance(body, dict) and isinstance(body.get("error"), str) else None
     if answer.status_code == 200:
         try:
@@ -172,6 +195,23 @@ def _interpret(answer: requests.Response) -> dict[str, Any]:
         except (KeyError, TypeError, ValueError) as exc:
             log.error("unexpected answer from the API: %s", exc)
             raise ClientError(502, "The detection service sent an answer this page does not understand.") from None
+    if answer.status_code == 503 and (path := _waiting_for(body)) is not None:
+        wait = answer.headers.get("Retry-After", "a few")
+        raise ClientError(
+            503,
+            f"The model is not there yet: waiting for a model ({path}) … It appears once a training run has "
+            f"written it or an operator gives one. Try again in {wait} seconds.",
+            answer.headers.get("Retry-After"),
+            model="waiting",
+        )
+    if answer.status_code == 503 and isinstance(body, dict) and body.get("code") == "model_failed":
+        wait = answer.headers.get("Retry-After", "a few")
+        raise ClientError(
+            503,
+            f"The detection service's model could not be loaded ({api_message}). Try again in {wait} seconds.",
+            answer.headers.get("Retry-After"),
+            model="failed",
+        )
     if answer.status_code == 503:
         wait = answer.headers.get("Retry-After", "a few")
         raise ClientError(

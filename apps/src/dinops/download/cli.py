@@ -3,8 +3,11 @@
 Files are fetched with several HTTP Range connections each (several files at once), retried with
 exponential backoff, resumed after an interruption, checked against their md5/sha256, and only then
 extracted (into a temporary folder renamed into place). A manifest in the destination makes a re-run with
-the same inputs a no-op. --subset N fetches the annotations and N images per split (by coco_url) and writes
-a new annotation file next to the original. --s3-source / --s3-dest use S3-compatible storage (MinIO...).
+the same inputs a no-op. Only after every file was downloaded, verified and extracted does the run write the
+completion marker <dest>/.dinops-complete.json (atomically), which training waits for (`dinops data-ready`); a
+run that will change the dataset removes it first, and a failed run leaves none. --subset N fetches the
+annotations and N images per split (by coco_url) and writes a new annotation file next to the original.
+--s3-source / --s3-dest use S3-compatible storage (MinIO...).
 
 Exit status: 0 done, 1 a file failed (the others are kept), 2 bad arguments or settings.
 """
@@ -19,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from dinops import logs
-from dinops.download import extract, subset
+from dinops.download import extract, marker, subset
 from dinops.download.http import DownloadError, Fetcher, Policy, Progress, file_digests
 from dinops.download.manifest import Manifest
 from dinops.download.s3 import S3Error, Store, parse_url
@@ -126,15 +129,27 @@ class Downloader:
             self.manifest.record("files", item.name, {**record, "state": "done"})
         return "done"
 
+    def _subset_key(self, split: str) -> str:
+        return f"{split}/{self.args.subset}/{self.args.subset_seed}"
+
+    def _subset_done(self, split: str) -> bool:
+        out = subset.subset_path(self.dest / "annotations", split, self.args.subset, self.args.subset_seed)
+        entry = self.manifest.entry("subsets", self._subset_key(split))
+        return bool(entry) and out.is_file() and all((self.dest / split / name).is_file() for name in entry["files"])
+
+    def pending(self, items: list[Item], splits: list[str]) -> list[str]:
+        """What this run would change: files not yet in place, subsets not yet written (empty: a no-op re-run)."""
+        todo = [item.name for item in items if not self._done(item, self.manifest.entry("files", item.name))]
+        return todo + [f"subset of {split}" for split in splits if not self._subset_done(split)]
+
     def subset(self, split: str) -> str:
         count, seed = self.args.subset, self.args.subset_seed
         annotations = self.dest / "annotations"
         source = annotations / f"instances_{split}.json"
         out = subset.subset_path(annotations, split, count, seed)
-        key = f"{split}/{count}/{seed}"
+        key = self._subset_key(split)
         images = self.dest / split
-        entry = self.manifest.entry("subsets", key)
-        if entry and out.is_file() and all((images / name).is_file() for name in entry["files"]):
+        if self._subset_done(split):
             log.info("%s: subset of %d images already in place", split, count)
             return "skipped"
         if not source.is_file():
@@ -167,6 +182,9 @@ class Downloader:
         self.archives.mkdir(exist_ok=True)
         extract.clean_stale(self.dest)
         self.manifest = Manifest(self.dest)
+        pending = self.pending(items, splits)
+        if pending and marker.remove(self.dest):
+            log.info("removed the completion marker %s: this run changes the dataset", marker.path(self.dest))
         failures: list[str] = []
         with ThreadPoolExecutor(self.args.parallel_files, thread_name_prefix="file") as pool:
             futures = {item.name: pool.submit(self.item, item) for item in items}
@@ -184,7 +202,27 @@ class Downloader:
                     failures.append(f"subset of {split}: {exc}")
         for failure in failures:
             log.error("%s", failure)
-        return 1 if failures else 0
+        if failures:
+            if marker.remove(self.dest):
+                log.info("removed the completion marker %s: the run failed", marker.path(self.dest))
+            return 1
+        self.write_marker(items, splits)
+        return 0
+
+    def write_marker(self, items: list[Item], splits: list[str]) -> None:
+        """The dataset is complete: every file is downloaded, verified and extracted (and the subsets written)."""
+        subset_files = sum(len(self.manifest.entry("subsets", self._subset_key(s))["files"]) for s in splits)
+        fields = {
+            "sets": [] if self.args.urls_file else self.args.sets.split(","),
+            "source": self.args.urls_file or self.args.s3_source or "coco",
+            "subset": self.args.subset,
+            "subset_seed": self.args.subset_seed,
+            "files": len(items) + subset_files,
+            "items": [item.name for item in items],
+            "extracted": bool(self.args.extract),
+        }
+        target = marker.write(self.dest, fields)
+        log.info("the dataset is complete: wrote %s (%d files)", target, fields["files"])
 
 
 def get_args_parser() -> argparse.ArgumentParser:

@@ -108,8 +108,23 @@ def _classes(runtime: ModelRuntime) -> set[int] | None:
 
 def _ready_runtime() -> ModelRuntime:
     runtime: ModelRuntime = current_app.extensions["dino"]
+    if runtime.state == "waiting":
+        raise ApiError(
+            503,
+            "model_waiting",
+            runtime.waiting_message,
+            {"Retry-After": str(runtime.retry_after_s)},
+            {"model": "waiting", "checkpoint": runtime.checkpoint},
+        )
     if runtime.state == "failed":
-        raise ApiError(503, "model_failed", f"The model failed to load: {runtime.error}", {"Retry-After": "60"})
+        retry = str(runtime.retry_after_s) if runtime.waits_for_model else "60"
+        raise ApiError(
+            503,
+            "model_failed",
+            f"The model failed to load: {runtime.error}",
+            {"Retry-After": retry},
+            {"model": "failed", "checkpoint": runtime.checkpoint},
+        )
     if runtime.state != "ready":
         raise ApiError(503, "model_loading", "The model is still loading; try again shortly.", {"Retry-After": "5"})
     return runtime

@@ -4,6 +4,10 @@ Every option below is also an environment variable (flag > environment > default
 ``--workers`` processes with ``--threads`` request threads each; each worker builds its own model after the
 fork (the master never loads torch's CUDA state) and batches the requests of its threads. One worker per GPU.
 
+With --wait-for-model (DINO_WAIT_FOR_MODEL=true) a checkpoint that does not exist yet is not an error: the API
+starts, /healthz says "model": "waiting", /readyz and the detection endpoints answer 503 until the file appears
+and has been loaded.
+
 Endpoints: POST /v1/detect, POST /inference (the original service's contract), GET /healthz, /readyz,
 /metrics, /openapi.json.
 """
@@ -78,6 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure(args.log_level, args.log_format)
     for name in ("checkpoint", "config", "class_names"):
         value = getattr(args, name)
+        if name == "checkpoint" and args.wait_for_model:
+            if value and not Path(value).is_file():
+                log.warning(
+                    "checkpoint %s does not exist yet: serving, waiting for a model (DINO_WAIT_FOR_MODEL)", value
+                )
+            continue
         if value and not Path(value).is_file():
             env = next(s.env for s in SETTINGS if s.dest == name)
             print(f"dinops serve: --{name.replace('_', '-')} ({env}) {value}: no such file", file=sys.stderr)

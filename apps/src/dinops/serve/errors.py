@@ -1,4 +1,5 @@
-"""Every failure an API client can cause becomes a JSON body ``{"error": ..., "code": ...}`` with a 4xx status."""
+"""Every failure an API client can cause becomes a JSON body ``{"error": ..., "code": ...}`` with a 4xx status
+(503 while the model is not there: ``code`` ``model_waiting``, ``model_loading`` or ``model_failed``)."""
 
 from __future__ import annotations
 
@@ -13,13 +14,21 @@ log = logging.getLogger(__name__)
 class ApiError(Exception):
     """An error meant for the client: ``status``, a short machine ``code`` and a sentence a person understands."""
 
-    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        headers: dict[str, str] | None = None,
+        extra: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.headers = status, code, message, headers or {}
+        self.extra = extra or {}  # more keys of the body, e.g. the checkpoint a 503 waits for
 
 
-def _json(status: int, code: str, message: str, headers=None):
-    response = jsonify(error=message, code=code)
+def _json(status: int, code: str, message: str, headers=None, extra=None):
+    response = jsonify(error=message, code=code, **(extra or {}))
     response.status_code = status
     for key, value in (headers or {}).items():
         response.headers[key] = value
@@ -29,7 +38,7 @@ def _json(status: int, code: str, message: str, headers=None):
 def register(app: Flask) -> None:
     @app.errorhandler(ApiError)
     def api_error(exc: ApiError):
-        return _json(exc.status, exc.code, exc.message, exc.headers)
+        return _json(exc.status, exc.code, exc.message, exc.headers, exc.extra)
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException):

@@ -1,4 +1,5 @@
-"""``GET /healthz`` (the process answers), ``GET /readyz`` (model loaded and warmed up), ``GET /metrics``."""
+"""``GET /healthz`` (the process answers; its ``model`` says waiting, loading, ready or failed), ``GET /readyz``
+(model loaded and warmed up), ``GET /metrics``."""
 
 from __future__ import annotations
 
@@ -10,16 +11,27 @@ bp = Blueprint("health", __name__)
 
 @bp.get("/healthz")
 def healthz():
-    return jsonify(status="alive")
+    """200 while the process answers, model or not; ``model`` is waiting, loading, ready or failed."""
+    runtime = current_app.extensions["dino"]
+    return jsonify(status="alive", model=runtime.model_state, checkpoint=runtime.checkpoint)
 
 
 @bp.get("/readyz")
 def readyz():
     runtime = current_app.extensions["dino"]
+    if runtime.state == "waiting":
+        response = jsonify(
+            status="waiting for a model", checkpoint=runtime.checkpoint, model="waiting", error=runtime.waiting_message
+        )
+        response.status_code = 503
+        response.headers["Retry-After"] = str(runtime.retry_after_s)
+        return response
     if runtime.state != "ready":
-        body = {"status": runtime.state if runtime.state != "idle" else "loading"}
+        body = {"status": runtime.model_state}
         if runtime.error:
             body["error"] = runtime.error
+        if runtime.checkpoint:
+            body["checkpoint"] = runtime.checkpoint
         response = jsonify(body)
         response.status_code = 503
         return response

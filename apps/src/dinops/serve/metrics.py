@@ -34,6 +34,12 @@ class Metrics:
         self.queue_depth = Gauge("dino_queue_depth", "images waiting for the model", registry=r)
         self.rejected = Counter("dino_queue_rejections", "requests refused because the queue was full", registry=r)
         self.ready = Gauge("dino_model_ready", "1 when the model is loaded and warmed up", registry=r)
+        self.model_state = Gauge(
+            "dino_model_state",
+            "1 for the model's current state: waiting, loading, ready or failed",
+            ["state"],
+            registry=r,
+        )
 
     def observe_batch(self, size: int, seconds: float) -> None:
         self.batch_size.observe(size)

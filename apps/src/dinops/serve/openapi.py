@@ -13,7 +13,7 @@ def _errors(*codes: int) -> dict[str, Any]:
         401: "missing or wrong bearer token",
         413: "upload or image too large",
         415: "not an accepted content type or image format",
-        503: "busy, loading or overloaded; see Retry-After",
+        503: "busy, waiting for a model, loading or overloaded; see Retry-After",
     }
     return {str(c): {"description": text[c], "content": {"application/json": {"schema": _ERROR}}} for c in codes}
 
@@ -124,11 +124,19 @@ def spec(config: dict[str, Any]) -> dict[str, Any]:
                     "responses": {"200": {"description": "scores, labels, boxes"}, **_errors(400, 401, 413, 415, 503)},
                 }
             },
-            "/healthz": {"get": {"summary": "the process is alive", "responses": {"200": {"description": "alive"}}}},
+            "/healthz": {
+                "get": {
+                    "summary": "the process is alive",
+                    "responses": {"200": {"description": "alive; model: waiting, loading, ready or failed"}},
+                }
+            },
             "/readyz": {
                 "get": {
                     "summary": "model loaded and warmed up; device, backend, checkpoint",
-                    "responses": {"200": {"description": "ready"}, "503": {"description": "loading or failed"}},
+                    "responses": {
+                        "200": {"description": "ready"},
+                        "503": {"description": "waiting for a model, loading or failed"},
+                    },
                 }
             },
             "/metrics": {

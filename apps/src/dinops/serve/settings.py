@@ -7,7 +7,7 @@ checkers are the shared ones of :mod:`dinops.settings`.
 
 from __future__ import annotations
 
-from dinops.settings import Setting, fraction, non_negative_float, positive_int
+from dinops.settings import Setting, fraction, non_negative_float, positive_float, positive_int
 
 ENV_PREFIXES = ("DINO_",)
 
@@ -64,6 +64,22 @@ SETTINGS: tuple[Setting, ...] = (
         env="DINO_TORCH_THREADS",
     ),
     Setting("warmup", True, "run one forward pass before reporting ready", type=bool, env="DINO_WARMUP"),
+    Setting(
+        "wait_for_model",
+        False,
+        "if the checkpoint does not exist yet: serve anyway ('waiting for a model': healthy, not ready, 503 on "
+        "detection) and load it once it appears; false: exit 2",
+        type=bool,
+        env="DINO_WAIT_FOR_MODEL",
+    ),
+    Setting(
+        "model_poll_s",
+        5.0,
+        "while waiting for a model: seconds between two looks for the checkpoint (or for a new one after a "
+        "failed load)",
+        type=positive_float,
+        env="DINO_MODEL_POLL_S",
+    ),
     # Answers
     Setting(
         "threshold", 0.3, "default score threshold of /v1/detect and /inference", type=fraction, env="DINO_THRESHOLD"

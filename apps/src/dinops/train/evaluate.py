@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 
 from dinops.data.coco import AnnotationError, CocoDetection
 from dinops.data.loader import ResumableBatchSampler, collate
+from dinops.data.ready import EXTRA_SETTINGS
 from dinops.data.transforms import eval_transforms
 from dinops.settings import SettingsError, add_arguments, check_unknown_env, resolve
 from dinops.train.coco_eval import STAT_NAMES, evaluate
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     args = get_args_parser().parse_args(argv)
     try:
-        check_unknown_env(SETTINGS, (ENV_PREFIX,))
+        check_unknown_env(SETTINGS + EXTRA_SETTINGS, (ENV_PREFIX,))
         resolve(args, EVAL_SETTINGS)
         run(args)
     except (SettingsError, AnnotationError, FileNotFoundError, ValueError) as exc:

@@ -43,6 +43,7 @@ from torch.utils.data import DataLoader
 
 from dinops.data.coco import AnnotationError, CocoDetection
 from dinops.data.loader import ResumableBatchSampler, collate
+from dinops.data.ready import EXTRA_SETTINGS
 from dinops.data.transforms import eval_transforms, train_transforms
 from dinops.settings import SettingsError, add_arguments, check_unknown_env, resolve
 from dinops.train import checkpoints, dist
@@ -75,7 +76,7 @@ def parse_args(argv: list[str] | None, environ: dict[str, str] | None = None) ->
     """Flags, then DINO_* variables, then defaults; reject unknown variables and unusable values."""
     environ = dict(os.environ) if environ is None else environ
     args = get_args_parser().parse_args(argv)
-    check_unknown_env(SETTINGS, (ENV_PREFIX,), environ)
+    check_unknown_env(SETTINGS + EXTRA_SETTINGS, (ENV_PREFIX,), environ)
     args = resolve(args, SETTINGS, environ)
     root = Path(args.data_root)
     args.train_images = args.train_images or str(root / "train2017")

@@ -102,7 +102,8 @@
     }
     if (!response.ok || !body || body.error) {
       const message = body && typeof body.error === "string" ? body.error : `The request failed (HTTP ${response.status}).`;
-      say("error", message);
+      // "waiting for a model": not an error of the person's; the API has no model yet (training, or none given)
+      say(body && body.model === "waiting" ? "waiting" : "error", message);
       return;
     }
     let bitmap = null;

@@ -1,0 +1,136 @@
+"""`dinops data-ready`: the training Job's init container, run as a real process where it matters."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from dinops.data import ready
+from dinops.download import marker
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DINO_")}
+    return {**env, **extra}
+
+
+def _run(*argv: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "dinops.cli", "data-ready", *argv],
+        env=_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_exits_0_and_says_what_the_marker_says(tmp_path):
+    marker.write(tmp_path, {"sets": ["val2017", "annotations"], "subset": 5, "files": 7})
+    done = _run(DINO_DATA_ROOT=str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == 1 and str(tmp_path / ".dinops-complete.json") in lines[0]
+    assert "val2017,annotations" in lines[0] and "7 files" in lines[0] and "subset 5" in lines[0]
+
+
+def test_flag_wins_over_environment(tmp_path):
+    marker.write(tmp_path, {"sets": [], "subset": 0, "files": 1})
+    assert _run("--data-root", str(tmp_path), DINO_DATA_ROOT=str(tmp_path / "nowhere")).returncode == 0
+
+
+def test_times_out_with_exit_1(tmp_path):
+    started = time.monotonic()
+    result = _run("--data-root", str(tmp_path), "--wait", "0.6", "--poll", "0.1")
+    assert result.returncode == 1
+    assert time.monotonic() - started < 30
+    assert "waiting for the dataset: " + str(tmp_path / ".dinops-complete.json") in result.stdout
+    assert "is not there yet (is the download Job running?)" in result.stdout
+    assert "gave up after" in result.stderr
+
+
+def test_wait_from_the_environment(tmp_path):
+    result = _run(DINO_DATA_ROOT=str(tmp_path), DINO_DATA_WAIT_S="0.3", DINO_DATA_POLL_S="0.1")
+    assert result.returncode == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [("{half", "not valid JSON"), ('{"complete": false, "files": 3}', "complete=true"), ('"yes"', "JSON object")],
+)
+def test_broken_marker_is_exit_2_and_says_what_is_wrong(tmp_path, text, words):
+    (tmp_path / ".dinops-complete.json").write_text(text)
+    result = _run("--data-root", str(tmp_path), "--wait", "5")
+    assert result.returncode == 2 and words in result.stderr
+
+
+@pytest.mark.parametrize("argv", [["--wait", "-1"], ["--poll", "0"], ["--wait", "soon"], ["--bogus"]])
+def test_usage_errors_are_exit_2(tmp_path, argv):
+    assert _run("--data-root", str(tmp_path), *argv).returncode == 2
+
+
+def test_bad_environment_value_is_exit_2(tmp_path):
+    result = _run(DINO_DATA_ROOT=str(tmp_path), DINO_DATA_WAIT_S="forever")
+    assert result.returncode == 2 and "DINO_DATA_WAIT_S" in result.stderr
+
+
+def test_waits_then_succeeds_when_the_marker_appears(tmp_path, capsys):
+    def finish_download():
+        time.sleep(0.5)
+        marker.write(tmp_path, {"sets": ["val2017"], "subset": 0, "files": 1})
+
+    writer = threading.Thread(target=finish_download)
+    writer.start()
+    started = time.monotonic()
+    code = ready.main(["--data-root", str(tmp_path), "--wait", "20", "--poll", "0.05"])
+    writer.join()
+    assert code == 0 and 0.4 < time.monotonic() - started < 10
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("waiting for the dataset:") and out[-1].startswith("the dataset is complete:")
+
+
+def test_sigterm_exits_143_promptly(tmp_path):
+    command = [sys.executable, "-m", "dinops.cli", "data-ready", "--data-root", str(tmp_path), "--poll", "60"]
+    with subprocess.Popen(command, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
+        try:
+            assert process.stdout.readline().startswith("waiting for the dataset:")  # it is in its wait
+            sent = time.monotonic()
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(10) == 143
+            assert time.monotonic() - sent < 5
+            assert "SIGTERM" in process.stderr.read()
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+def test_training_accepts_the_init_container_variables(tmp_path):
+    from dinops.train.main import parse_args
+
+    args = parse_args(["--data-root", str(tmp_path)], {"DINO_DATA_WAIT_S": "600", "DINO_DATA_POLL_S": "5"})
+    assert Path(args.data_root) == tmp_path
+
+
+def test_imports_only_what_the_train_image_has():
+    code = (
+        "import sys, dinops.data.ready; "
+        "bad = [m for m in ('torch', 'flask', 'requests', 'boto3') if m in sys.modules]; "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_docs_hold_the_settings_table():
+    from dinops.settings import markdown_table
+
+    text = (Path(__file__).resolve().parents[3] / "docs" / "training.md").read_text()
+    documented = text.split("<!-- settings:data-ready -->\n", 1)[1].split("\n<!-- /settings:data-ready -->", 1)[0]
+    assert documented == markdown_table(ready.SETTINGS), "regenerate the data-ready table in docs/training.md"
