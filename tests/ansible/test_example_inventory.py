@@ -27,6 +27,10 @@ PROFILE_KEYS = {
     "shm_size",
     "data_loader_workers",
     "workloads",
+    # the machine: read by the fit test (tests/k8s/test_fit.py) and the workloads role's sizing
+    "host_vcpus",
+    "host_memory_gb",
+    "gpu_count",
 }
 GPU_TABLE = yaml.safe_load((REPO / "facts/nvidia.yml").read_text())["gpus"]
 

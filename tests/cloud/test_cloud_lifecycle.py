@@ -256,7 +256,7 @@ def test_inventory_resolves_each_hosts_profile_variables(inventory, up):
     assert (infer["gpu_profile"]["name"], infer["gpu_profile"]["gpu_memory_gb"]) == ("t4", 16)
     assert (train["gpu_profile"]["name"], train["gpu_profile"]["gpu_memory_gb"]) == ("a10g", 24)
     # gpu_hosts' group_vars turn the profile into the roles' inputs, as in the example inventory.
-    assert inventory["train_vars"] == ["580", "8G", True]
+    assert inventory["train_vars"] == ["580", "2G", True]  # branch, shm (a10g: 2G, see tests/k8s/test_fit.py), GPU
     assert infer["ansible_host"] == up["instances"]["infer"]["PublicIpAddress"]
     assert infer["ansible_user"] == "ubuntu"
     assert infer["dinops_workloads"] == ["inference", "client"]

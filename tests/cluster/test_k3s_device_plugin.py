@@ -40,6 +40,8 @@ def test_time_slicing_only_with_more_than_one_replica(replicas, sharing):
     # A changed replica count must restart the plugin, which reads its configuration only at start.
     assert template["metadata"]["annotations"]["dinops.io/config-replicas"] == str(replicas)
     assert template["spec"]["runtimeClassName"] == "nvidia"
+    # Only GPU nodes (labelled by the k3s role) have the nvidia runtime the pod asks for.
+    assert template["spec"]["nodeSelector"] == {"dinops.io/gpu": "true"}
     container = template["spec"]["containers"][0]
     assert container["image"].endswith(":v0.17.1")
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}

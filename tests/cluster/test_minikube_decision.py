@@ -123,9 +123,48 @@ def test_unreadable_profile_needs_a_recreate(minikube_decision, text):
 
 
 def test_none_driver_ignores_what_the_host_decides(minikube_decision):
-    none_config = config(Driver="none", GPUs="", CPUs=2, Memory=6000, DiskSize=20000, ExposedPorts=[])
-    result = decide(minikube_decision, none_config, status(), driver="none", gpus="")
+    none_config = config(Name="minikube", Driver="none", GPUs="", CPUs=2, Memory=6000, DiskSize=20000, ExposedPorts=[])
+    result = decide(minikube_decision, none_config, status(), driver="none", gpus="", profile="minikube")
     assert result["action"] == "none"
+
+
+@pytest.mark.parametrize("profile", ["dinops", "", None])
+def test_none_driver_refuses_any_profile_but_minikube(minikube_decision, profile):
+    """minikube v1.37.0 validateBareMetal: "The 'none' driver does not support multiple profiles"."""
+    desired = {**DESIRED, "driver": "none", "gpus": "", "profile": profile}
+    with pytest.raises(
+        minikube_decision.MinikubeDecisionError, match="minikube_profile is .* set minikube_profile: minikube"
+    ):
+        minikube_decision.minikube_start_args(desired)
+    with pytest.raises(minikube_decision.MinikubeDecisionError, match="minikube_profile"):
+        minikube_decision.minikube_action("", "", desired)
+
+
+@pytest.mark.parametrize(
+    ("driver", "host_gpus", "addons"),
+    [
+        ("none", 1, ["nvidia-device-plugin"]),
+        ("none", "8", ["nvidia-device-plugin"]),
+        ("none", 0, []),
+        ("none", None, []),
+        # --gpus=all makes minikube enable the device plugin itself (cruntime/docker.go, v1.37.0)
+        ("docker", 1, []),
+    ],
+)
+def test_none_driver_enables_the_device_plugin_on_gpu_hosts(minikube_decision, driver, host_gpus, addons):
+    assert minikube_decision.minikube_addons(driver, host_gpus) == addons
+
+
+def test_none_driver_profile_without_the_device_plugin_is_started_again(minikube_decision):
+    """A none profile created before the addon was asked for: `minikube start --addons=...` enables it."""
+    desired = {"driver": "none", "gpus": "", "profile": "minikube", "addons": ["nvidia-device-plugin"]}
+    none_config = config(Name="minikube", Driver="none", GPUs="")
+    result = decide(minikube_decision, none_config, status(), **desired)
+    assert result == {"action": "start", "reasons": ["addons not enabled: nvidia-device-plugin"]}
+    disabled = config(Name="minikube", Driver="none", GPUs="", Addons={"nvidia-device-plugin": False})
+    assert decide(minikube_decision, disabled, status(), **desired)["action"] == "start"
+    enabled = config(Name="minikube", Driver="none", GPUs="", Addons={"nvidia-device-plugin": True})
+    assert decide(minikube_decision, enabled, status(), **desired)["action"] == "none"
 
 
 def test_a_bad_wanted_version_is_an_input_error(minikube_decision):
@@ -147,10 +186,13 @@ def test_start_arguments_create_what_the_probe_checks(minikube_decision):
         "--ports=30000:30000",
         "--addons=ingress",
     ]
-    none_args = minikube_decision.minikube_start_args({**DESIRED, "driver": "none", "gpus": ""})
+    none_args = minikube_decision.minikube_start_args(
+        {**DESIRED, "driver": "none", "gpus": "", "profile": "minikube", "addons": ["nvidia-device-plugin"]}
+    )
     assert none_args == [
-        "--profile=dinops",
+        "--profile=minikube",
         "--driver=none",
         "--container-runtime=docker",
         "--kubernetes-version=v1.33.1",
+        "--addons=nvidia-device-plugin",
     ]

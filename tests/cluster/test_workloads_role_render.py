@@ -24,7 +24,10 @@ PROFILE = {
     "amp": True,
     "shm_size": "8G",
     "data_loader_workers": 6,
-    "workloads": ["train", "inference"],
+    "host_vcpus": 16,
+    "host_memory_gb": 64,
+    "gpu_count": 1,
+    "workloads": ["train", "inference", "client"],
 }
 
 
@@ -155,3 +158,29 @@ def test_a_bad_profile_value_stops_the_run_with_the_variable_named(tmp_path):
     result = run_playbook(tmp_path, {"workloads_shm_size": "lots"})
     assert result.returncode != 0
     assert "workloads_shm_size must be a quantity like 8Gi, got 'lots'" in result.stdout
+
+
+def test_training_asked_on_a_profile_that_does_not_train_is_reported_and_not_applied(tmp_path):
+    """dinops_train on an inference profile: the role says why nothing trains, and applies serve and client only."""
+    profile = {**PROFILE, "name": "infer", "workloads": ["inference", "client"]}
+    result = run_playbook(tmp_path, {"dinops_train": True, "gpu_profile": profile})
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert "dinops_train is true but profile infer lists no train" in result.stdout
+    objects = json.loads((tmp_path / "objects.json").read_text())
+    names = sorted(o["metadata"]["name"] for o in objects if o["kind"] in ("Job", "Deployment"))
+    assert names == ["dinops-client", "dinops-serve"]
+
+
+def test_requests_are_sized_from_the_host_and_a_host_too_small_is_refused(tmp_path):
+    layer_dir = tmp_path / "fits"
+    layer_dir.mkdir()
+    result = run_playbook(layer_dir, {"dinops_train": True, "dinops_cluster": "minikube"})
+    assert result.returncode == 0, result.stdout[-4000:]
+    objects = json.loads((layer_dir / "objects.json").read_text())
+    train = next(o for o in objects if o["metadata"]["name"] == "dinops-train")
+    # 16 vCPU -> minikube --cpus 15: training gets its whole wish of 2 CPUs for its one GPU.
+    assert train["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "2000m"
+    small = {**PROFILE, "name": "tiny", "host_vcpus": 2, "host_memory_gb": 4}
+    refused = run_playbook(tmp_path, {"dinops_train": True, "dinops_cluster": "minikube", "gpu_profile": small})
+    assert refused.returncode != 0
+    assert "profile tiny: download, client, serve, train cannot all fit on its node" in refused.stdout

@@ -76,6 +76,7 @@ SITE_VARIANTS = {
         "storage_class": "ignored-with-static-volumes",
     },
     "cpu-storage-class": {"overlay": "cpu", "train": False, "shm_size": "512Mi", "storage_class": "fast-ssd"},
+    "cpu-training-storage-class": {"overlay": "cpu", "train": True, "shm_size": "512Mi", "storage_class": "fast-ssd"},
     # The images stage's /etc/dinops/images.json: app -> reference, one content-hash tag per image.
     "images-stage-tags": {
         "overlay": "minikube-gpu",
@@ -90,6 +91,65 @@ SITE_VARIANTS = {
         },
     },
 }
+
+
+# --- The shipped GPU profiles, each on each cluster kind ---------------------------------------------------------
+FACTS = yaml.safe_load((REPO / "facts" / "cluster.yml").read_text())
+CLUSTER_OVERLAYS = {"minikube": "minikube-gpu", "k3s": "k3s-gpu"}
+
+
+def shipped_profiles() -> dict[str, dict]:
+    """Every gpu_profile of every inventory, by name."""
+    profiles = {}
+    for path in sorted(REPO.glob("inventories/*/group_vars/*.yml")):
+        profile = (yaml.safe_load(path.read_text()) or {}).get("gpu_profile")
+        if profile:
+            profiles[profile["name"]] = profile
+    return profiles
+
+
+PROFILES = shipped_profiles()
+
+
+def profile_node(profile: dict, cluster: str) -> dict:
+    """The node settings the workloads role passes for a host of this profile (roles/workloads/defaults/main.yml)."""
+    node = {
+        "cluster": cluster,
+        "profile": profile["name"],
+        "host_vcpus": profile.get("host_vcpus"),
+        "host_memory_mb": int(profile.get("host_memory_gb", 0)) * 1024,
+        "gpu_count": profile.get("gpu_count", 1),
+        "gpu_replicas": 2 if profile.get("gpu_sharing") == "time-slicing" else 1,
+    }
+    for key in ("cluster_cpus", "cluster_memory_mb"):
+        if key in profile:
+            node[key] = profile[key]
+    return node
+
+
+def profile_settings(profile: dict, cluster: str, train: bool) -> dict:
+    """The settings render.yml passes to the site layer for a host of this profile (dinops_train = train)."""
+    return {
+        "overlay": CLUSTER_OVERLAYS[cluster],
+        "cluster": cluster,
+        "profile": profile["name"],
+        "train": train,
+        "workloads": list(profile["workloads"]),
+        "gpu_sharing": profile.get("gpu_sharing", "exclusive"),
+        "shm_size": profile["shm_size"],
+        "node": profile_node(profile, cluster),
+        "cluster_facts": FACTS,
+        "config": {"train": {"DINO_BATCH_SIZE": profile["train_batch_size"]}},
+    }
+
+
+PROFILE_VARIANTS = {
+    f"profile-{name}-{cluster}-{'train' if train else 'serve'}": profile_settings(profile, cluster, train)
+    for name, profile in PROFILES.items()
+    for cluster in CLUSTER_OVERLAYS
+    for train in (True, False)
+}
+SITE_VARIANTS.update(PROFILE_VARIANTS)
 
 
 def find(objects: list[dict], kind: str, name: str) -> dict:

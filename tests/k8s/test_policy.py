@@ -4,9 +4,19 @@ from __future__ import annotations
 
 import importlib
 import re
+from pathlib import Path
 
 import pytest
-from k8s.k8s_render import GPU, GPU_OVERLAYS, OVERLAYS, container_env, find, pod_spec, workloads
+from k8s.k8s_render import (
+    GPU,
+    GPU_OVERLAYS,
+    OVERLAYS,
+    container_env,
+    find,
+    load_workloads_filters,
+    pod_spec,
+    workloads,
+)
 
 from dinops.settings import env_names
 
@@ -18,6 +28,7 @@ APP_SETTINGS = {
     "dinops-serve": "dinops.serve.settings",
     "dinops-client": "dinops.client.settings",
 }
+filters = load_workloads_filters()
 GPU_WORKLOADS = {("Job", "dinops-train"), ("Deployment", "dinops-serve")}
 
 
@@ -101,9 +112,14 @@ def test_deployments_serve_http_with_probes_on_the_health_endpoints(objects):
     for obj in (o for o in objects if o["kind"] == "Deployment"):
         container = pod_spec(obj)["containers"][0]
         assert [p["name"] for p in container["ports"]] == ["http"]
-        assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
         assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    client = pod_spec(find(objects, "Deployment", "dinops-client"))["containers"][0]
+    assert client["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     serve = pod_spec(find(objects, "Deployment", "dinops-serve"))["containers"][0]
+    # Serve waits for its checkpoint (DINO_WAIT_FOR_MODEL) and must stay in the Service meanwhile, so that the
+    # client can show "waiting": ready on /healthz, which answers 200 with the model's state; /readyz says 503.
+    assert container_env(objects, serve)["DINO_WAIT_FOR_MODEL"] == "true"
+    assert serve["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     startup = serve["startupProbe"]
     assert startup["httpGet"] == {"path": "/healthz", "port": "http"}
     # The model may take minutes to load on CPU: the start-up budget must cover it before liveness counts.
@@ -259,3 +275,23 @@ def test_client_calls_the_inference_service_on_its_port(objects):
     env = container_env(objects, pod_spec(client)["containers"][0])
     service = find(objects, "Service", "dinops-serve")
     assert env["DINO_API_URL"] == f"http://dinops-serve:{service['spec']['ports'][0]['port']}"
+
+
+def test_training_waits_for_the_completed_dataset(objects):
+    """Training starts only after the download wrote its completion marker (`dinops data-ready`, finding 1); the
+    FailJob rule stays on the train container, so a slow download never fails the Job."""
+    spec = pod_spec(find(objects, "Job", "dinops-train"))
+    train = spec["containers"][0]
+    [wait] = spec["initContainers"]
+    assert wait["name"] == "wait-for-dataset"
+    assert wait["args"] == ["dinops", "data-ready", "--wait=0"]
+    assert wait["image"] == train["image"] and wait["envFrom"] == train["envFrom"]
+    assert wait["securityContext"] == train["securityContext"]
+    data = next(m for m in wait["volumeMounts"] if m["mountPath"] == "/data")
+    assert data["readOnly"] is True and data["name"] == "dataset"
+    env = container_env(objects, wait)
+    from dinops.download import marker
+
+    assert str(marker.path(Path(env["DINO_DATA_ROOT"]))) == "/data/coco/.dinops-complete.json"
+    for kind in ("requests", "limits"):
+        assert filters.cpu_m(wait["resources"][kind]["cpu"]) <= filters.cpu_m(train["resources"][kind]["cpu"])

@@ -3,7 +3,17 @@
 from __future__ import annotations
 
 import pytest
-from k8s.k8s_render import GPU, SITE_VARIANTS, container_env, find, load_workloads_filters, pod_spec, workloads
+from k8s.k8s_render import (
+    GPU,
+    PROFILE_VARIANTS,
+    SITE_VARIANTS,
+    container_env,
+    find,
+    load_workloads_filters,
+    pod_spec,
+    render_site,
+    workloads,
+)
 
 filters = load_workloads_filters()
 
@@ -12,8 +22,11 @@ def shm_limit(objects):
     return next(v for v in pod_spec(find(objects, "Job", "dinops-train"))["volumes"] if v["name"] == "shm")["emptyDir"]
 
 
-@pytest.mark.parametrize("site", sorted(SITE_VARIANTS))
+@pytest.mark.parametrize("site", sorted(n for n, s in SITE_VARIANTS.items() if s.get("train")))
 def test_shm_size_comes_from_the_profile(rendered_sites, site):
+    if "train" not in SITE_VARIANTS[site].get("workloads", ["train"]):
+        assert not [o for o in rendered_sites[site] if o["metadata"]["name"] == "dinops-train"]
+        return
     assert shm_limit(rendered_sites[site]) == {"medium": "Memory", "sizeLimit": SITE_VARIANTS[site]["shm_size"]}
 
 
@@ -117,14 +130,16 @@ def test_bad_settings_are_refused_with_the_variable_named(change, message):
 
 
 def test_training_job_is_applied_only_when_asked(rendered_sites):
-    objects = rendered_sites["cpu-storage-class"]
+    # Without dinops_train the layer leaves the Job out already.
+    assert not [o for o in rendered_sites["cpu-storage-class"] if o["metadata"]["name"] == "dinops-train"]
+    objects = rendered_sites["cpu-training-storage-class"]
     names = lambda objs: {(o["kind"], o["metadata"]["name"]) for o in objs if o["kind"] == "Job"}  # noqa: E731
     assert names(filters.prepare_objects(objects, train=False)) == {("Job", "dinops-download")}
     assert names(filters.prepare_objects(objects, train=True)) == {("Job", "dinops-download"), ("Job", "dinops-train")}
 
 
 def test_jobs_are_replaced_only_when_their_template_changed(rendered_sites):
-    before = filters.prepare_objects(rendered_sites["cpu-storage-class"], train=True)
+    before = filters.prepare_objects(rendered_sites["cpu-training-storage-class"], train=True)
     after = filters.prepare_objects(rendered_sites["cpu-static-volumes"], train=True)
     live = [o for o in before if o["kind"] == "Job"]
     assert filters.jobs_to_replace(before, live) == []
@@ -189,3 +204,99 @@ def test_job_outcome_reports_failures_at_once_with_their_reason(job, state, word
     assert words in outcome["message"]
     if state == "failed":
         assert "kubectl -n dinops logs job/dinops-download" in outcome["message"]
+
+
+# --- Profile intent, fit, proxies, placement -------------------------------------------------------------------
+A10G = PROFILE_VARIANTS["profile-a10g-minikube-train"]
+
+
+def test_time_slicing_is_refused_on_minikube():
+    """minikube's device plugin addon cannot slice a GPU (finding 20)."""
+    with pytest.raises(filters.WorkloadsError, match="workloads_gpu_sharing: time-slicing cannot work on minikube"):
+        filters.site_kustomization({**A10G, "gpu_sharing": "time-slicing"})
+
+
+def test_a_node_too_small_is_refused_naming_the_profile_and_what_is_short():
+    small = {**A10G, "node": {**A10G["node"], "host_vcpus": 3, "host_memory_mb": 8192}}
+    with pytest.raises(filters.WorkloadsError) as error:
+        filters.site_kustomization(small)
+    message = str(error.value)
+    assert "profile a10g" in message and "short by 500m CPU" in message, message
+
+
+def test_a_node_without_its_size_is_refused_naming_the_variable():
+    with pytest.raises(filters.WorkloadsError, match=r"host_vcpus of profile a10g \(gpu_profile.host_vcpus\)"):
+        filters.site_kustomization({**A10G, "node": {**A10G["node"], "host_vcpus": None}})
+
+
+def test_the_a10g_training_host_is_sized_to_its_three_cpu_minikube_node():
+    """g5.xlarge: 4 vCPU -> minikube --cpus 3; kubeadm and CoreDNS take 750m (facts/cluster.yml)."""
+    node = filters.node_allocatable(A10G["node"], A10G["cluster_facts"])
+    assert (node["capacity_cpu_m"], node["cpu_m"]) == (3000, 2250)
+    assert (node["capacity_memory_mi"], node["memory_mi"]) == (12288, 12288 - 100 - 170)
+    plan = filters.site_plan(A10G)
+    assert plan["serve_device"] == "cpu"
+    requests = {app: r["requests"] for app, r in plan["resources"].items()}
+    assert requests["serve"] == {"cpu": "250m", "memory": "1024Mi"}
+    assert requests["train"]["cpu"] == f"{2250 - 500 - 250}m"
+
+
+def test_dinops_train_without_train_in_the_profile_is_reported():
+    t4 = PROFILE_VARIANTS["profile-t4-minikube-train"]
+    plan = filters.site_plan(t4)
+    assert plan["apps"]["train"] is False
+    assert "dinops_train is true but profile t4 lists no train" in plan["notes"][0]
+    assert not filters.site_plan({**t4, "train": False})["notes"]
+
+
+def test_proxies_reach_the_download_and_checkpoint_pods_but_not_the_cluster(tmp_path):
+    settings = {
+        **PROFILE_VARIANTS["profile-t4-k3s-serve"],
+        "checkpoint_url": "https://mirror.example/dino/c.pth",
+        "checkpoint_sha256": "ab" * 32,
+        "proxy_env": {"http_proxy": "http://proxy:3128", "https_proxy": "http://proxy:3128", "no_proxy": "internal"},
+    }
+    objects = render_site(tmp_path, "proxied", settings)
+    expected_no_proxy = "internal,10.42.0.0/16,10.43.0.0/16,localhost,127.0.0.1,.svc,.cluster.local"
+    for kind, name in (("Job", "dinops-download"), ("Job", "dinops-checkpoint")):
+        env = container_env(objects, pod_spec(find(objects, kind, name))["containers"][0])
+        for key in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy"):
+            assert env[key] == "http://proxy:3128", (name, key)
+        assert env["NO_PROXY"] == env["no_proxy"] == expected_no_proxy, name
+    serve = container_env(objects, pod_spec(find(objects, "Deployment", "dinops-serve"))["containers"][0])
+    assert "HTTP_PROXY" not in serve
+    minikube = filters.proxy_literals({"https_proxy": "http://p:1"}, "minikube", A10G["cluster_facts"])
+    assert minikube["NO_PROXY"] == "10.244.0.0/16,10.96.0.0/12,localhost,127.0.0.1,.svc,.cluster.local"
+    assert filters.proxy_literals({}, "k3s", A10G["cluster_facts"]) == {}
+    with pytest.raises(filters.WorkloadsError, match="workloads_proxy_env has unknown keys"):
+        filters.proxy_literals({"ftp_proxy": "x"}, "k3s", A10G["cluster_facts"])
+
+
+def test_a_placement_is_honoured(tmp_path):
+    """The k3s placement filter's contract: components and patches are added, requests_node sizes the pinned
+    apps against their own node."""
+    patch = {
+        "target": {"kind": "Deployment", "name": "dinops-serve"},
+        "patch": '[{"op": "add", "path": "/spec/template/spec/nodeSelector", "value": {"dinops.io/role": "edge"}}]',
+    }
+    placement = {
+        "components": ["components/ingress"],
+        "patches": [patch],
+        "requests_node": {"train": {"cpu_m": 15000, "memory_mi": 60000, "gpus": 1}},
+    }
+    settings = {**PROFILE_VARIANTS["profile-a10g-k3s-train"], "placement": placement}
+    layer = filters.site_kustomization(settings)
+    assert "../components/ingress" in layer["components"]
+    assert patch in layer["patches"]
+    plan = filters.site_plan(settings)
+    # A raw host size, as placement.py gives it: the k3s reservations come off (facts/cluster.yml).
+    assert plan["nodes"]["train"] == {"cpu_m": 15000 - 200, "memory_mi": 60000 - 100 - 140, "gpus": 1}
+    # Alone on a 15-CPU node, training gets its whole wish; the host's node keeps the others.
+    assert plan["resources"]["train"]["requests"] == {"cpu": "2000m", "memory": "8192Mi"}
+    assert plan["nodes"]["serve"]["cpu_m"] == 4000 - 200
+    objects = render_site(tmp_path, "placed", settings)
+    client = pod_spec(find(objects, "Deployment", "dinops-serve"))
+    assert client["nodeSelector"] == {"dinops.io/role": "edge"}
+    assert [o for o in objects if o["kind"] == "Ingress"]
+    with pytest.raises(filters.WorkloadsError, match="workloads_placement must be a dict"):
+        filters.site_kustomization({**settings, "placement": ["components/x"]})

@@ -96,6 +96,7 @@ def test_failed_load_is_retried_when_the_file_changes(waiting_app, encode):
     path.write_text("half a file")
     client.get("/healthz")  # starts the runtime
     _until(lambda: client.get("/healthz").get_json()["model"] == "failed", 10, "failed")
+    assert client.get("/healthz").get_json()["error"]  # the reason, for the workloads stage
     body = client.get("/readyz").get_json()
     assert body["status"] == "failed" and "corrupt" in body["error"] and body["checkpoint"] == str(path)
     failed = client.post("/v1/detect", data=encode(Image.new("RGB", (80, 60))), content_type="image/png")

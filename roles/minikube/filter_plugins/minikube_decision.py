@@ -26,6 +26,15 @@ from typing import Any
 
 ACTIONS = ("none", "create", "start", "unpause", "recreate", "refuse")
 VERSION = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)")
+# minikube v1.37.0 cmd/minikube/cmd/start.go validateBareMetal: with the none driver any profile other than
+# constants.DefaultClusterName ("minikube") exits with "The 'none' driver does not support multiple profiles".
+# https://github.com/kubernetes/minikube/blob/v1.37.0/cmd/minikube/cmd/start.go
+NONE_DRIVER_PROFILE = "minikube"
+# The addon that registers nvidia.com/gpu. With --gpus (docker driver) minikube enables it itself
+# (pkg/minikube/cruntime/docker.go, v1.37.0); with the none driver only `minikube addons enable
+# nvidia-device-plugin` or `--addons=nvidia-device-plugin` does (https://minikube.sigs.k8s.io/docs/tutorials/nvidia/,
+# tab "none").
+GPU_ADDON = "nvidia-device-plugin"
 
 
 class MinikubeDecisionError(ValueError):
@@ -50,6 +59,19 @@ def _load(text: Any) -> dict[str, Any] | None:
     except ValueError:
         return None
     return value if isinstance(value, dict) else None
+
+
+def minikube_addons(driver: str, host_gpus: Any) -> list[str]:
+    """Addons ``minikube start`` must enable: the NVIDIA device plugin on a GPU host with the none driver."""
+    return [GPU_ADDON] if driver == "none" and int(host_gpus or 0) > 0 else []
+
+
+def _check_desired(desired: dict[str, Any]) -> None:
+    if desired["driver"] == "none" and desired.get("profile") != NONE_DRIVER_PROFILE:
+        raise MinikubeDecisionError(
+            f"minikube_profile is {desired.get('profile')!r}, but minikube_driver none supports only the profile "
+            f"{NONE_DRIVER_PROFILE!r} (minikube v1.37.0 validateBareMetal): set minikube_profile: {NONE_DRIVER_PROFILE}"
+        )
 
 
 def _immutable_differences(config: dict[str, Any], desired: dict[str, Any]) -> list[str]:
@@ -80,9 +102,11 @@ def minikube_action(config_text: Any, status_text: Any, desired: dict[str, Any])
 
     ``config_text``: the profile's config.json content ('' or None when there is no profile).
     ``status_text``: ``minikube status -o json`` output ('' when minikube printed nothing).
-    ``desired``: driver, container_runtime, gpus, cpus, memory_mb, disk_mb, ports, kubernetes_version,
-    allow_recreate.
+    ``desired``: profile, driver, container_runtime, gpus, cpus, memory_mb, disk_mb, ports, kubernetes_version,
+    allow_recreate, addons (optional: addons that must be enabled; a profile without one is started again, which
+    enables the ``--addons`` of ``minikube_start_args``).
     """
+    _check_desired(desired)
     wanted_version = _version(desired["kubernetes_version"])
     if config_text is None or not str(config_text).strip():
         return {"action": "create", "reasons": ["no minikube profile yet"]}
@@ -111,6 +135,11 @@ def minikube_action(config_text: Any, status_text: Any, desired: dict[str, Any])
             "reasons": [f"Kubernetes {have_version_text} is upgraded in place to {desired['kubernetes_version']}"],
         }
 
+    enabled = config.get("Addons") or {}
+    missing = [addon for addon in desired.get("addons") or [] if not enabled.get(addon)]
+    if missing:
+        return {"action": "start", "reasons": [f"addons not enabled: {', '.join(missing)}"]}
+
     status = _load(status_text) or {}
     components = {key: status.get(key) for key in ("Host", "Kubelet", "APIServer")}
     if all(state == "Running" for state in components.values()):
@@ -129,6 +158,7 @@ def _recreate(reasons: list[str], desired: dict[str, Any]) -> dict[str, Any]:
 
 def minikube_start_args(desired: dict[str, Any]) -> list[str]:
     """The ``minikube start`` arguments that create a profile matching ``desired`` (and what the probe checks)."""
+    _check_desired(desired)
     args = [
         f"--profile={desired['profile']}",
         f"--driver={desired['driver']}",
@@ -141,10 +171,15 @@ def minikube_start_args(desired: dict[str, Any]) -> list[str]:
         if desired.get("gpus"):
             args.append(f"--gpus={desired['gpus']}")
         args += [f"--ports={port}" for port in sorted(desired.get("ports") or [])]
+    args += [f"--addons={addon}" for addon in desired.get("addons") or []]
     args += [str(arg) for arg in desired.get("extra_args") or []]
     return args
 
 
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"minikube_action": minikube_action, "minikube_start_args": minikube_start_args}
+        return {
+            "minikube_action": minikube_action,
+            "minikube_start_args": minikube_start_args,
+            "minikube_addons": minikube_addons,
+        }

@@ -1,4 +1,4 @@
-# Runs inside the client pod (python3 with requests and Pillow): /readyz, then one detection, through the
+# Runs inside the client pod (python3 with requests and Pillow): /healthz, /readyz, then one detection, through the
 # inference Service. Prints one JSON line the validator reads.
 import io
 import json
@@ -12,6 +12,12 @@ token = os.environ.get("DINO_API_TOKEN", "")
 headers = {"Authorization": "Bearer " + token} if token else {}
 out = {}
 try:
+    # /healthz answers 200 from the start with the model's state: waiting, loading, ready or failed.
+    health = requests.get(base + "/healthz", timeout=10)
+    health_body = health.json() if health.headers.get("content-type", "").startswith("application/json") else {}
+    if isinstance(health_body, dict):
+        out["model"] = health_body.get("model")
+        out["checkpoint"] = health_body.get("checkpoint")
     ready = requests.get(base + "/readyz", timeout=10)
     out["readyz"] = ready.status_code
     image = io.BytesIO()

@@ -56,7 +56,7 @@ def dinops_driver_runs_images(driver_version, contract, gpus) -> dict[str, str]:
     )
 
 
-def _probe_report(stdout: str) -> dict | None:
+def probe_report(stdout: str) -> dict | None:
     """The last stdout line that is a JSON object (what files/cuda_in_image.py prints), or None."""
     for line in reversed(str(stdout or "").splitlines()):
         try:
@@ -91,7 +91,7 @@ def dinops_cuda_in_image(run, gpus, image, image_info, build_command, driver="")
     if not image_info.get("images"):
         return _result(False, f"image {image} is not on this host: build it with `{build_command}`")
     run = run or {}
-    report = _probe_report(run.get("stdout"))
+    report = probe_report(run.get("stdout"))
     if report is None:
         why = _last_line(run.get("stderr")) or _last_line(run.get("msg")) or "no output"
         return _result(False, f"docker run --gpus all {image} failed (exit {run.get('rc', 'none')}): {why}")

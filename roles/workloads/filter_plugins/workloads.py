@@ -1,6 +1,8 @@
 """Decisions of the workloads role, kept out of YAML so that pytest can check them without a cluster.
 
 ``dinops_site_kustomization``  the generated top layer: the inventory's overlay plus the host's GPU profile.
+``dinops_site_plan``           what that layer runs, the requests it gives each pod and what it has to say about it.
+``dinops_node_allocatable``    what the node has for the dinops pods (facts/cluster.yml: the cluster's own share).
 ``dinops_prepare_objects``     the rendered objects to apply: training only when asked, Jobs stamped with a hash.
 ``dinops_jobs_to_replace``     Jobs whose pod template changed (a Job's template is immutable, so they are
                                deleted and created again; training then resumes from its checkpoint).
@@ -18,7 +20,12 @@ GPU_OVERLAYS = ("minikube-gpu", "k3s-gpu")
 GPU_SHARING = ("exclusive", "time-slicing")
 APPS = ("download", "train", "serve", "client")
 # The generated ConfigMap each key of the config setting merges into.
-CONFIG_MAPS = {app: f"dinops-{app}-config" for app in APPS} | {"checkpoint-urls": "dinops-checkpoint-urls"}
+CONFIG_MAPS = {app: f"dinops-{app}-config" for app in (*APPS, "checkpoint")} | {
+    "checkpoint-urls": "dinops-checkpoint-urls"
+}
+# The ConfigMaps of the checkpoint component: new in the layer, not merged into the base's.
+LAYER_CONFIG_MAPS = ("checkpoint-urls", "checkpoint")
+GPU_RESOURCE = "nvidia.com/gpu"
 IMAGES = ("dinops-download", "dinops-train", "dinops-serve", "dinops-client")
 TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
@@ -40,6 +47,354 @@ def _require(condition: bool, message: str) -> None:
         raise WorkloadsError(message)
 
 
+# --- The node ---------------------------------------------------------------------------------------------------
+CLUSTERS = ("minikube", "k3s", "none")
+# Binary and decimal suffixes of a Kubernetes quantity, in MiB.
+_MI = {"": 1 / 2**20, "Ki": 1 / 1024, "Mi": 1, "Gi": 1024, "Ti": 2**20, "Pi": 2**30, "Ei": 2**40}
+_MI |= {suffix: 1000**power / 2**20 for power, suffix in enumerate(("k", "M", "G", "T", "P", "E"), start=1)}
+
+
+def quantity_mi(text: Any) -> int:
+    """A memory quantity ("8G", "8Gi", "512Mi") in whole MiB, rounded up."""
+    match = QUANTITY.match(str(text))
+    _require(bool(match), f"not a memory quantity: {text!r}")
+    number = float(str(text)[: match.start(2)] if match.group(2) else str(text))
+    return int(-(-number * _MI[match.group(2) or ""] // 1))
+
+
+def cpu_m(text: Any) -> int:
+    """A CPU quantity ("2", "500m", "0.5") in millicores."""
+    text = str(text)
+    return int(text[:-1]) if text.endswith("m") else int(round(float(text) * 1000))
+
+
+def _int_field(profile: dict[str, Any], key: str, name: str) -> int:
+    value = profile.get(key)
+    _require(
+        isinstance(value, (int, float, str)) and str(value).strip().isdigit() and int(value) > 0,
+        f"{name} must be a positive whole number, got {value!r}",
+    )
+    return int(value)
+
+
+def node_allocatable(node: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any] | None:
+    """What one node has for the dinops pods, after the cluster's own pods and the kubelet's reservations.
+
+    ``node`` keys: cluster (minikube, k3s or none), profile (the profile's name, for messages), host_vcpus,
+    host_memory_mb (the host's, or its profile's host_memory_gb * 1024), gpu_count, cluster_cpus and
+    cluster_memory_mb (the profile's minikube overrides, optional), gpu_replicas (time-slicing, k3s only).
+    ``facts`` is facts/cluster.yml. Returns None for cluster none (a cluster of the user's: its size is unknown),
+    else {cpu_m, memory_mi, gpus, capacity_cpu_m, capacity_memory_mi, reserved: {pod: {cpu_m, memory_mi}}}.
+    """
+    cluster = node.get("cluster", "minikube")
+    _require(cluster in CLUSTERS, f"workloads_cluster must be one of {', '.join(CLUSTERS)}, got {cluster!r}")
+    if cluster == "none":
+        return None
+    profile = node.get("profile") or "this host"
+    vcpus = _int_field(node, "host_vcpus", f"host_vcpus of profile {profile} (gpu_profile.host_vcpus)")
+    memory_mb = _int_field(node, "host_memory_mb", f"host memory of profile {profile} (gpu_profile.host_memory_gb)")
+    gpus = int(node.get("gpu_count") or 0)
+    _require(gpus >= 0, f"gpu_count of profile {profile} must not be negative, got {gpus}")
+    kind = facts[cluster]
+    if cluster == "minikube":
+        # roles/minikube/defaults/main.yml: minikube_cpus and minikube_memory_mb.
+        # 0 or empty: not set in the profile.
+        cpus = int(node.get("cluster_cpus") or 0) or max(vcpus - 1, kind["node_cpus"]["minimum"])
+        share = kind["node_memory"]
+        memory_mb = int(node.get("cluster_memory_mb") or 0) or max(
+            memory_mb * share["numerator"] // share["denominator"], share["minimum_mb"]
+        )
+        eviction = int(facts["kubelet"]["eviction_hard_memory_mi"])
+    else:
+        cpus = vcpus
+        eviction = int(kind["eviction_hard_memory_mi"])
+        gpus *= int(node.get("gpu_replicas") or 1)
+    reserved = {
+        name: {"cpu_m": int(pod["cpu_m"]), "memory_mi": int(pod["memory_mi"])}
+        for name, pod in kind["system_pods"].items()
+    }
+    capacity_cpu, capacity_memory = cpus * 1000, memory_mb
+    return {
+        "cluster": cluster,
+        "capacity_cpu_m": capacity_cpu,
+        "capacity_memory_mi": capacity_memory,
+        "cpu_m": capacity_cpu - sum(p["cpu_m"] for p in reserved.values()),
+        "memory_mi": capacity_memory - eviction - sum(p["memory_mi"] for p in reserved.values()),
+        "gpus": gpus,
+        "reserved": reserved,
+    }
+
+
+# --- What runs, and with which requests --------------------------------------------------------------------------
+# The profile's workloads list names these; "inference" is the serve Deployment.
+PROFILE_WORKLOADS = ("download", "train", "inference", "client")
+# Requests and limits per pod: {cpu_m, memory_mi} requests, {cpu_m, memory_mi} limits. Fixed-size helpers first;
+# serve by where it runs; train gets what is left, between its minimum and its wish, per training process.
+HELPERS = {
+    "download": {"requests": (500, 256), "limits": (2000, 1024)},
+    "client": {"requests": (100, 128), "limits": (1000, 512)},
+    "checkpoint": {"requests": (100, 128), "limits": (1000, 512)},
+}
+SERVE = {
+    # The model on the GPU: the CPU feeds it (decoding, pre- and post-processing).
+    "gpu": {"requests": (1000, 2048), "limits": (4000, 6144)},
+    # On CPU, alone: the cpu overlay's size.
+    "cpu": {"requests": (500, 1024), "limits": (2000, 4096)},
+    # On CPU next to training (exclusive GPU): answers slowly; training keeps the CPU it needs to feed the GPU.
+    "cpu-beside-training": {"requests": (250, 1024), "limits": (2000, 4096)},
+}
+# Per training process (one per GPU; one on CPU): (minimum, wish). The memory request is the working set the
+# node keeps for it; the limit adds /dev/shm on top (a memory emptyDir counts against the limit:
+# https://kubernetes.io/docs/concepts/storage/volumes/#emptydir) and never goes below the wish.
+TRAIN_CPU_M = {"gpu": (1000, 2000), "cpu": (1000, 1000)}
+TRAIN_MEMORY_MI = {"gpu": (4096, 8192), "cpu": (2048, 2048)}
+TRAIN_WORKING_SET_LIMIT_MI = {"gpu": 16384, "cpu": 4096}
+# The init container that waits for the dataset's completion marker (`dinops data-ready`): a sleeping poller.
+WAIT_FOR_DATASET = {"requests": (50, 64), "limits": (500, 256)}
+CHECKPOINT_JOB = "dinops-checkpoint"
+
+
+def _fmt_cpu(m: int) -> str:
+    return f"{m}m"
+
+
+def _fmt_mem(mi: int) -> str:
+    return f"{mi}Mi"
+
+
+def site_plan(settings: dict[str, Any]) -> dict[str, Any]:
+    """What the layer of one host runs and with which requests, from its profile and its node.
+
+    Returns {apps: {app: bool} (download, train, serve, client, checkpoint), serve_device (gpu or cpu),
+    train_processes, notes (what the role prints), resources ({app: {requests: {cpu, memory}, limits: {...}}}, empty
+    when the node is unknown), nodes ({app: node} it was sized against)}. Raises WorkloadsError naming the profile
+    and what is short when the pods cannot all fit.
+    """
+    overlay = settings["overlay"]
+    profile = settings.get("profile") or "this host"
+    cluster = settings.get("cluster") or ("k3s" if overlay == "k3s-gpu" else "minikube")
+    sharing = settings.get("gpu_sharing", "exclusive")
+    facts = settings.get("cluster_facts") or {}
+    if overlay == "minikube-gpu" or (cluster == "minikube" and overlay in GPU_OVERLAYS):
+        _require(
+            sharing != "time-slicing",
+            f"workloads_gpu_sharing: time-slicing cannot work on minikube (profile {profile}): its "
+            "nvidia-device-plugin addon advertises each GPU once, so training and inference would each wait for "
+            "the only GPU. Use exclusive (inference moves to CPU while training runs) or k3s (docs/cluster.md).",
+        )
+    placement = settings.get("placement") or {}
+    _require(isinstance(placement, dict), f"workloads_placement must be a dict, got {placement!r}")
+    listed = settings.get("workloads")
+    listed = list(PROFILE_WORKLOADS) if listed is None else list(listed)
+    unknown = sorted(set(listed) - set(PROFILE_WORKLOADS))
+    _require(not unknown, f"gpu_profile.workloads of {profile} has unknown entries {unknown}; known: "
+             f"{', '.join(PROFILE_WORKLOADS)}")  # fmt: skip
+    notes = []
+    train = bool(settings.get("train")) and "train" in listed
+    if settings.get("train") and "train" not in listed:
+        notes.append(
+            f"dinops_train is true but profile {profile} lists no train in gpu_profile.workloads {listed}: "
+            "training is not applied on this host"
+        )
+    apps = {
+        "train": train,
+        # The role's workloads_download may say so; by default when listed, and whenever training runs.
+        "download": bool(settings["download"])
+        if settings.get("download") is not None
+        else "download" in listed or train,
+        "serve": "inference" in listed,
+        "client": "client" in listed,
+    }
+    apps["checkpoint"] = bool(settings.get("checkpoint_url")) and apps["serve"]
+    if settings.get("checkpoint_url") and not apps["serve"]:
+        notes.append(f"workloads_checkpoint_url is set but profile {profile} runs no inference: not fetched")
+    gpu = overlay in GPU_OVERLAYS
+    node_settings = settings.get("node")
+    gpu_count = int((node_settings or {}).get("gpu_count") or 1) if gpu else 0
+    processes = max(gpu_count, 1) if train else 0
+    serve_on_gpu = gpu and apps["serve"] and not (train and sharing == "exclusive")
+    serve_size = "gpu" if serve_on_gpu else ("cpu-beside-training" if train else "cpu")
+    plan: dict[str, Any] = {
+        "apps": apps,
+        "serve_device": "gpu" if serve_on_gpu else "cpu",
+        "train_processes": processes,
+        "train_gpus": gpu_count if train and gpu else 0,
+        "notes": notes,
+        "resources": {},
+        "nodes": {},
+    }
+    if not node_settings:
+        return plan
+    default_node = node_allocatable(node_settings, facts)
+    if default_node is None:
+        notes.append("the cluster is not one the role built (workloads_cluster none): requests are the manifests'")
+        return plan
+    pinned = placement.get("requests_node") or {}
+    # Apps pinned to the same node share it; the others share the host's node.
+    groups: dict[str, list[str]] = {}
+    nodes: dict[str, dict[str, Any]] = {}
+    for app in ("download", "checkpoint", "client", "serve", "train"):
+        if not apps[app]:
+            continue
+        node = _pinned_node(pinned[app], node_settings, facts) if pinned.get(app) else default_node
+        key = json.dumps({k: node.get(k) for k in ("cpu_m", "memory_mi", "gpus")}, sort_keys=True)
+        key = "host" if node is default_node else key
+        groups.setdefault(key, []).append(app)
+        nodes[key] = node
+    resources: dict[str, Any] = {}
+    for key, members in groups.items():
+        resources.update(_size(members, nodes[key], serve_size, processes, plan["train_gpus"], gpu, profile, key,
+                               settings))  # fmt: skip
+        for app in members:
+            plan["nodes"][app] = {k: nodes[key][k] for k in ("cpu_m", "memory_mi", "gpus")}
+    plan["resources"] = resources
+    return plan
+
+
+def _pinned_node(raw: dict[str, Any], node_settings: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:
+    """A node of several (placement's requests_node: the raw host size {cpu_m, memory_mi, gpus} of the smallest
+    node the app may land on) less the cluster's reservations. The system pods may land on any node: counted on
+    every one, the safe side."""
+    _require(
+        isinstance(raw, dict) and {"cpu_m", "memory_mi"} <= set(raw),
+        f"workloads_placement requests_node entries must be {{cpu_m, memory_mi, gpus}}, got {raw!r}",
+    )
+    node = node_allocatable(
+        {
+            **node_settings,
+            "host_vcpus": max(int(raw["cpu_m"]) // 1000, 1),
+            "host_memory_mb": max(int(raw["memory_mi"]), 1),
+            "gpu_count": int(raw.get("gpus") or 0),
+            "cluster_cpus": 0,
+            "cluster_memory_mb": 0,
+        },
+        facts,
+    )
+    _require(node is not None, "workloads_placement needs workloads_cluster k3s, not none")
+    return node
+
+
+def _size(apps, node, serve_size, processes, train_gpus, gpu, profile, key, settings) -> dict[str, Any]:
+    """Requests of the apps that share one node; train takes what the others leave, up to its wish."""
+    where = "its node" if key == "host" else f"the node it is pinned to ({key})"
+    free_cpu, free_memory, free_gpus = int(node["cpu_m"]), int(node["memory_mi"]), int(node.get("gpus", 0))
+    sized: dict[str, Any] = {}
+    needs = []
+    for app in apps:
+        if app == "train":
+            continue
+        size = SERVE[serve_size] if app == "serve" else HELPERS[app]
+        sized[app] = size
+        needs.append(f"{app} {size['requests'][0]}m/{size['requests'][1]}Mi")
+        free_cpu -= size["requests"][0]
+        free_memory -= size["requests"][1]
+        if app == "serve" and serve_size == "gpu":
+            free_gpus -= 1
+    kind = "gpu" if gpu else "cpu"
+    if "train" in apps:
+        free_gpus -= train_gpus
+        cpu_min, cpu_wish = (v * processes for v in TRAIN_CPU_M[kind])
+        mem_min, mem_wish = (v * processes for v in TRAIN_MEMORY_MI[kind])
+        needs.append(f"train {cpu_min}m/{mem_min}Mi at least")
+        if free_cpu >= cpu_min and free_memory >= mem_min:
+            cpu = min(cpu_wish, free_cpu)
+            memory = min(mem_wish, free_memory)
+            shm = quantity_mi(settings["shm_size"])
+            limit_memory = max(memory, TRAIN_WORKING_SET_LIMIT_MI[kind] * processes) + shm
+            limit_cpu = max(cpu, min(8000 * processes, int(node["cpu_m"])))
+            sized["train"] = {"requests": (cpu, memory), "limits": (limit_cpu, limit_memory)}
+        free_cpu -= cpu_min
+        free_memory -= mem_min
+    short = []
+    if free_cpu < 0:
+        short.append(f"{-free_cpu}m CPU")
+    if free_memory < 0:
+        short.append(f"{-free_memory}Mi memory")
+    if free_gpus < 0:
+        short.append(f"{-free_gpus} nvidia.com/gpu")
+    _require(
+        not short,
+        f"profile {profile}: {', '.join(apps)} cannot all fit on {where}: it can allocate {node['cpu_m']}m CPU, "
+        f"{node['memory_mi']}Mi memory and {node.get('gpus', 0)} GPU(s) after the cluster's own pods "
+        f"(facts/cluster.yml), the pods need {', '.join(needs)}; short by {', '.join(short)}. Give the host more "
+        "(gpu_profile.host_vcpus/host_memory_gb, cluster_cpus/cluster_memory_mb) or run less "
+        "(gpu_profile.workloads).",
+    )
+    return {
+        app: {
+            "requests": {"cpu": _fmt_cpu(size["requests"][0]), "memory": _fmt_mem(size["requests"][1])},
+            "limits": {"cpu": _fmt_cpu(size["limits"][0]), "memory": _fmt_mem(size["limits"][1])},
+        }
+        for app, size in sized.items()
+    }
+
+
+# Where each app's pod template lives, for the patches.
+APP_OBJECTS = {
+    "download": ("batch/v1", "Job", DOWNLOAD_JOB, "download"),
+    "train": ("batch/v1", "Job", TRAIN_JOB, "train"),
+    "serve": ("apps/v1", "Deployment", "dinops-serve", "serve"),
+    "client": ("apps/v1", "Deployment", "dinops-client", "client"),
+    "checkpoint": ("batch/v1", "Job", CHECKPOINT_JOB, "download"),
+}
+# What goes when an app is not run: the workload and the Service in front of it.
+APP_DELETIONS = {
+    "download": [("batch/v1", "Job", DOWNLOAD_JOB)],
+    "train": [("batch/v1", "Job", TRAIN_JOB)],
+    "serve": [("apps/v1", "Deployment", "dinops-serve"), ("v1", "Service", "dinops-serve")],
+    "client": [("apps/v1", "Deployment", "dinops-client"), ("v1", "Service", "dinops-client")],
+}
+
+
+def _resources_patch(app: str, resources: dict[str, Any]) -> dict[str, Any]:
+    api, kind, name, container = APP_OBJECTS[app]
+    patch = {
+        "apiVersion": api,
+        "kind": kind,
+        "metadata": {"name": name},
+        "spec": {"template": {"spec": {"containers": [{"name": container, "resources": resources}]}}},
+    }
+    return {"patch": json.dumps(patch)}
+
+
+def _delete_patch(api: str, kind: str, name: str) -> dict[str, Any]:
+    return {"patch": json.dumps({"$patch": "delete", "apiVersion": api, "kind": kind, "metadata": {"name": name}})}
+
+
+def _train_patch(processes: int, gpus: int) -> dict[str, Any]:
+    """Training on every GPU of the host: that many GPUs, one process each through torchrun (dinops.train.dist)."""
+    container: dict[str, Any] = {"name": "train"}
+    if gpus:
+        container["resources"] = {"limits": {GPU_RESOURCE: gpus}}
+    if processes > 1:
+        container["args"] = ["torchrun", "--standalone", f"--nproc-per-node={processes}", "-m", "dinops.train.main"]
+    patch = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": TRAIN_JOB},
+        "spec": {"template": {"spec": {"containers": [container]}}},
+    }
+    return {"patch": json.dumps(patch)}
+
+
+def proxy_literals(proxy_env: dict[str, Any] | None, cluster: str, facts: dict[str, Any]) -> dict[str, str]:
+    """HTTP(S)_PROXY and NO_PROXY, upper and lower case, for the pods that reach the internet. NO_PROXY adds the
+    cluster's pod and service networks, in-cluster names and loopback (facts/cluster.yml) to the inventory's."""
+    env = {str(k).lower(): str(v) for k, v in (proxy_env or {}).items() if v not in (None, "")}
+    unknown = sorted(set(env) - {"http_proxy", "https_proxy", "no_proxy"})
+    _require(not unknown, f"workloads_proxy_env has unknown keys {unknown}; use http_proxy, https_proxy, no_proxy")
+    if not (env.get("http_proxy") or env.get("https_proxy")):
+        return {}
+    no_proxy = [p.strip() for p in env.get("no_proxy", "").split(",") if p.strip()]
+    kind = facts.get(cluster) or {}
+    for extra in [kind.get("pod_cidr"), kind.get("service_cidr"), *facts.get("no_proxy_always", [])]:
+        if extra and extra not in no_proxy:
+            no_proxy.append(extra)
+    values = {key: env[key] for key in ("http_proxy", "https_proxy") if key in env}
+    values["no_proxy"] = ",".join(no_proxy)
+    return {name: value for key, value in values.items() for name in (key.upper(), key)}
+
+
 def site_kustomization(settings: dict[str, Any]) -> dict[str, Any]:
     """Build the generated ``kustomization.yaml`` of one host, the layer on top of one overlay.
 
@@ -48,6 +403,10 @@ def site_kustomization(settings: dict[str, Any]) -> dict[str, Any]:
     gpu_sharing, train, checkpoint_url and checkpoint_sha256 (a checkpoint fetched into the output volume for
     inference), image_tag and image_registry (every image), images (per image, winning: {name: {name, tag}} or the
     images stage's {app: 'name:tag'}).
+    What runs and how big (site_plan): cluster (minikube, k3s, none), profile (its name, for messages), workloads
+    (the profile's list), download (optional override), node (node_allocatable's input; none: the manifests'
+    requests stay), cluster_facts (facts/cluster.yml), proxy_env (http_proxy, https_proxy, no_proxy), placement
+    ({components, patches, requests_node}: several k3s nodes).
     """
     overlay = settings["overlay"]
     _require(overlay in OVERLAYS, f"workloads_overlay must be one of {', '.join(OVERLAYS)}, got {overlay!r}")
@@ -56,16 +415,21 @@ def site_kustomization(settings: dict[str, Any]) -> dict[str, Any]:
     shm_size = str(settings["shm_size"])
     _require(bool(QUANTITY.match(shm_size)), f"workloads_shm_size must be a quantity like 8Gi, got {shm_size!r}")
 
+    plan = site_plan(settings)
+    apps = plan["apps"]
     # The k8s/ tree, relative to the directory the layer is written to.
     root = str(settings.get("k8s_root") or "..").rstrip("/")
     components = []
     # One physical GPU cannot be limited to two pods without time-slicing: training takes it, inference uses CPU.
-    if overlay in GPU_OVERLAYS and settings.get("train") and sharing == "exclusive":
+    if overlay in GPU_OVERLAYS and apps["serve"] and plan["serve_device"] == "cpu":
         components.append(f"{root}/components/serve-on-cpu")
     if settings.get("static_volumes"):
         components.append(f"{root}/components/static-pv")
     if settings.get("ingress"):
         components.append(f"{root}/components/ingress")
+    placement = settings.get("placement") or {}
+    for component in placement.get("components") or []:
+        components.append(f"{root}/{str(component).strip('/')}")
     config = {app: dict(values or {}) for app, values in (settings.get("config") or {}).items()}
     checkpoint_url = settings.get("checkpoint_url") or ""
     if checkpoint_url:
@@ -75,10 +439,18 @@ def site_kustomization(settings: dict[str, Any]) -> dict[str, Any]:
             f"workloads_checkpoint_url must be an http(s):// or s3:// URL of a file, got {checkpoint_url!r}",
         )
         _require(bool(SHA256.match(digest)), "workloads_checkpoint_sha256 must be the file's 64-digit sha256")
+    if apps["checkpoint"]:
         components.append(f"{root}/components/checkpoint")
         filename = checkpoint_url.rsplit("/", 1)[1]
         config.setdefault("checkpoint-urls", {})["urls.txt"] = f"{checkpoint_url} sha256:{digest.lower()}"
         config.setdefault("serve", {})["DINO_CHECKPOINT"] = f"{CHECKPOINT_MOUNT}/pretrained/{filename}"
+        config.setdefault("checkpoint", {})["DOWNLOAD_LOG_FORMAT"] = "json"
+    # The pods that fetch from the internet go through the site's proxy, the cluster's own addresses do not.
+    cluster = settings.get("cluster") or ("k3s" if overlay == "k3s-gpu" else "minikube")
+    proxies = proxy_literals(settings.get("proxy_env"), cluster, settings.get("cluster_facts") or {})
+    for app in ("download", "checkpoint"):
+        if proxies and apps[app]:
+            config.setdefault(app, {}).update(proxies)
 
     generators = []
     for app, values in sorted(config.items()):
@@ -86,10 +458,22 @@ def site_kustomization(settings: dict[str, Any]) -> dict[str, Any]:
         if values:
             literals = [f"{key}={_env_value(key, value)}" for key, value in sorted(values.items())]
             # The URL list is new in this layer; the apps' ConfigMaps exist in the base and are merged.
-            behavior = "create" if app == "checkpoint-urls" else "merge"
+            behavior = "create" if app in LAYER_CONFIG_MAPS else "merge"
             generators.append({"name": CONFIG_MAPS[app], "behavior": behavior, "literals": literals})
 
-    patches = [_shm_patch(shm_size)]
+    patches = []
+    # What the profile does not run goes, with the Service in front of it.
+    for app, objects in APP_DELETIONS.items():
+        if not apps[app]:
+            patches.extend(_delete_patch(*obj) for obj in objects)
+    if apps["train"]:
+        patches.append(_shm_patch(shm_size))
+        if plan["train_gpus"] > 1 or plan["train_processes"] > 1:
+            patches.append(_train_patch(plan["train_processes"], plan["train_gpus"]))
+    # Requests sized from the node, so that everything that runs at the same time fits (site_plan).
+    for app, resources in sorted(plan["resources"].items()):
+        patches.append(_resources_patch(app, resources))
+    patches.extend(placement.get("patches") or [])
     storage_class = settings.get("storage_class")
     if storage_class and not settings.get("static_volumes"):
         patches.append(
@@ -119,7 +503,8 @@ def site_kustomization(settings: dict[str, Any]) -> dict[str, Any]:
         kustomization["components"] = components
     if generators:
         kustomization["configMapGenerator"] = generators
-    kustomization["patches"] = patches
+    if patches:
+        kustomization["patches"] = patches
     if images:
         kustomization["images"] = images
     return kustomization
@@ -234,6 +619,8 @@ class FilterModule:
         return {
             "dinops_job_outcome": job_outcome,
             "dinops_site_kustomization": site_kustomization,
+            "dinops_site_plan": site_plan,
+            "dinops_node_allocatable": node_allocatable,
             "dinops_prepare_objects": prepare_objects,
             "dinops_jobs_to_replace": jobs_to_replace,
         }

@@ -11,9 +11,13 @@ bp = Blueprint("health", __name__)
 
 @bp.get("/healthz")
 def healthz():
-    """200 while the process answers, model or not; ``model`` is waiting, loading, ready or failed."""
+    """200 while the process answers, model or not; ``model`` is waiting, loading, ready or failed, and a failed load
+    carries its ``error`` (the workloads stage reports it from here)."""
     runtime = current_app.extensions["dino"]
-    return jsonify(status="alive", model=runtime.model_state, checkpoint=runtime.checkpoint)
+    body = {"status": "alive", "model": runtime.model_state, "checkpoint": runtime.checkpoint}
+    if runtime.model_state == "failed" and runtime.error:
+        body["error"] = runtime.error
+    return jsonify(body)
 
 
 @bp.get("/readyz")
