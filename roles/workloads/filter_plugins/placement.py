@@ -18,24 +18,18 @@ from pathlib import Path
 from typing import Any
 
 
-def _load_k3s_nodes():
-    path = Path(__file__).resolve().parents[2] / "k3s" / "filter_plugins" / "k3s_nodes.py"
-    spec = importlib.util.spec_from_file_location("dinops_k3s_nodes", path)
+def _load(path: Path, name: str):
+    """A filter plugin file as a module: Ansible loads each plugin file on its own, so siblings are read by path."""
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-k3s_nodes = _load_k3s_nodes()
-
-
-def _load_workloads():
-    """The workloads filter (node_allocatable: a node's size minus k3s's pods and the kubelet's reservations)."""
-    path = Path(__file__).resolve().parent / "workloads.py"
-    spec = importlib.util.spec_from_file_location("dinops_workloads_for_placement", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+# The node labels of the k3s role (one rule for both roles).
+k3s_nodes = _load(Path(__file__).resolve().parents[2] / "k3s" / "filter_plugins" / "k3s_nodes.py", "dinops_k3s_nodes")
+# The workloads filter (node_allocatable: a node's size minus k3s's pods and the kubelet's reservations), read once.
+workloads_filters = _load(Path(__file__).resolve().with_name("workloads.py"), "dinops_workloads_for_placement")
 
 
 # The apps each node role pins (k8s/base names). Download and train share the train nodes: the download fills
@@ -172,7 +166,7 @@ def _node_sizes(nodes: list[dict[str, Any]], settings: dict[str, Any]) -> dict[s
             "gpus": int(node["gpu_count"]) * int(settings.get("gpu_replicas") or 1),
         }
         if facts:
-            allocatable = _load_workloads().node_allocatable(
+            allocatable = workloads_filters.node_allocatable(
                 {
                     "cluster": "k3s",
                     "profile": node["name"],
