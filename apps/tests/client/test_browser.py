@@ -22,6 +22,53 @@ ARTIFACTS = Path(__file__).resolve().parents[3] / "artifacts"
 XSS = "<img src=x onerror=\"document.title='pwned'\">"
 PALETTE = ["#e6194b", "#3cb44b", "#4363d8", "#f58231", "#911eb4", "#42d4f4", "#f032e6", "#9a6324"]
 MAX_DETECTIONS = 8
+MIN_DISPLAY_PX = 640  # app.js: a small image's longer side is shown at least this wide (within the page)
+
+GEOMETRY = """() => {
+    const c = document.getElementById('canvas');
+    const r = c.getBoundingClientRect();
+    return {css: [Math.round(r.width), Math.round(r.height)], device: [c.width, c.height],
+            scale: Number(c.dataset.scale), ratio: window.devicePixelRatio,
+            room: c.parentElement.getBoundingClientRect().width
+                  - parseFloat(getComputedStyle(c.parentElement).paddingLeft)
+                  - parseFloat(getComputedStyle(c.parentElement).paddingRight)};
+}"""
+PIXEL = """([x, y]) => Array.from(
+    document.getElementById('canvas').getContext('2d').getImageData(x, y, 1, 1).data.slice(0, 3))"""
+
+
+def _canvas_geometry(page) -> dict:
+    return page.evaluate(GEOMETRY)
+
+
+def _rgb(hex_colour: str) -> list[int]:
+    return [int(hex_colour[i : i + 2], 16) for i in (1, 3, 5)]
+
+
+def _assert_box_drawn_at(page, box, scale: float, colour: str) -> None:
+    """The outline (2 CSS px, centred on the edge) covers the whole pixel at floor(edge * scale): the box's left,
+    right and bottom edges, at mid-height and mid-width, are exactly its colour where the scaled box lies."""
+    x1, y1, x2, y2 = (c * scale for c in box)
+    width, height = _canvas_geometry(page)["device"]
+    mid_x, mid_y = int((x1 + x2) / 2), int((y1 + y2) / 2)
+    for x, y in ((int(x1), mid_y), (min(int(x2), width - 1), mid_y), (mid_x, min(int(y2), height - 1))):
+        assert page.evaluate(PIXEL, [x, y]) == _rgb(colour), (x, y, box, scale)
+    # and not where the unscaled box would be: inside the scaled box, left of it, the image shows
+    if x1 > 8:
+        assert page.evaluate(PIXEL, [int(x1) - 4, mid_y]) != _rgb(colour)
+
+
+def _caption_height(page, box, scale: float, colour: str) -> int:
+    """Rows of the caption's background in the column just right of the box's left edge, left of the text."""
+    column = int(box[0] * scale) + 1
+    height = _canvas_geometry(page)["device"][1]
+    top = max(0, int(box[1] * scale) - 40)
+    rows = [page.evaluate(PIXEL, [column, y]) == _rgb(colour) for y in range(top, min(height, top + 60))]
+    longest = run = 0
+    for hit in rows:
+        run = run + 1 if hit else 0
+        longest = max(longest, run)
+    return longest
 
 
 @pytest.fixture(scope="module")
@@ -98,11 +145,17 @@ def test_upload_draws_the_api_answer_safely(stack, page):
     assert page.locator("#detections img, canvas ~ img").count() == 0
     assert page.title() == "DINO object detection"
 
-    # the canvas shows the image at its size with the boxes drawn in the palette. Boxes are drawn in list order, so a
+    # the 160x120 image is shown scaled up to 640x480 CSS pixels (its longer side at least MIN_DISPLAY_PX), the canvas
+    # holding as many device pixels, so captions are drawn at screen resolution. Boxes are drawn in list order, so a
     # later box may paint over an earlier one: the last one drawn is never covered, and no colour outside the shown
     # detections' may appear.
-    size = page.evaluate("() => [document.getElementById('canvas').width, document.getElementById('canvas').height]")
-    assert size == [160, 120]
+    shown = _canvas_geometry(page)
+    assert shown["css"] == [MIN_DISPLAY_PX, 480] and shown["scale"] == 4.0 and shown["ratio"] == 1
+    assert shown["device"] == shown["css"]  # devicePixelRatio 1 here: one canvas pixel per CSS pixel
+    size = shown["device"]
+    last_label, _, last_box = listed[-1]
+    _assert_box_drawn_at(page, last_box, shown["scale"], PALETTE[last_label % len(PALETTE)])
+    assert _caption_height(page, last_box, shown["scale"], PALETTE[last_label % len(PALETTE)]) >= 12
     painted = page.evaluate(
         """(palette) => {
             const c = document.getElementById('canvas');
@@ -120,8 +173,9 @@ def test_upload_draws_the_api_answer_safely(stack, page):
     )
     shown_colours = {label % len(PALETTE) for label, _, _ in listed}
     assert {k for k, n in enumerate(painted) if n > 0} <= shown_colours, painted
-    last_label, _, last_box = listed[-1]
-    if last_box[0] < size[0] - 4:  # its caption starts inside the canvas: a caption's area in its colour
+    if (
+        last_box[0] * shown["scale"] < size[0] - 4
+    ):  # its caption starts inside the canvas: a caption's area in its colour
         assert painted[last_label % len(PALETTE)] > 50, painted
     assert sum(painted) > 50, painted
     assert "answered in" in page.text_content("#latency")
@@ -134,6 +188,22 @@ def test_upload_draws_the_api_answer_safely(stack, page):
     kept = [s for _, s, _ in listed if s >= round(cut, 2)]
     assert page.locator("tr.detection").count() == len(kept)
     assert page.text_content("#status").startswith(f"{len(kept)} of {MAX_DETECTIONS} detections")
+
+
+def test_a_large_image_fits_the_page(stack, page):
+    image_path = stack["root"] / "wide.jpg"
+    pixels = np.random.default_rng(3).integers(90, 140, size=(900, 2400), dtype=np.uint8)
+    Image.fromarray(pixels, "L").convert("RGB").save(image_path, "JPEG", quality=60)
+    page.goto(stack["client"] + "/")
+    page.set_input_files("#file", str(image_path))
+    page.wait_for_selector('#status[data-state="done"]')
+    shown = _canvas_geometry(page)
+    assert shown["scale"] < 1 and shown["css"][0] <= shown["room"] and shown["css"][0] >= shown["room"] - 50
+    assert shown["css"][1] == round(900 * shown["css"][0] / 2400)
+    label, box = (lambda r: (int(r.get_attribute("data-label")), json.loads(r.get_attribute("data-box"))))(
+        page.locator("tr.detection").last
+    )
+    _assert_box_drawn_at(page, box, shown["scale"], PALETTE[label % len(PALETTE)])
 
 
 def test_errors_are_shown_in_plain_words(stack, page, tmp_path):

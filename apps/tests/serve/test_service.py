@@ -22,7 +22,11 @@ def _metric(text: str, name: str, **labels: str) -> float:
 
 
 def test_health_and_readiness(client):
-    assert client.get("/healthz").get_json() == {"status": "alive", "model": "ready", "checkpoint": ""}
+    health = client.get("/healthz").get_json()
+    loaded = health.pop("loaded")
+    assert health == {"status": "alive", "model": "ready", "checkpoint": ""}  # no file: no "reload"
+    assert loaded.pop("loaded_at").endswith("Z")
+    assert loaded == {"checkpoint": "fake", "class_names": "coco"}  # an injected detector: no file, no position
     ready = client.get("/readyz")
     body = ready.get_json()
     assert ready.status_code == 200

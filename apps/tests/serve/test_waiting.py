@@ -65,7 +65,12 @@ def test_waiting_then_ready_in_process(waiting_app, encode):
     client = app.test_client()
     health = client.get("/healthz")
     assert health.status_code == 200
-    assert health.get_json() == {"status": "alive", "model": "waiting", "checkpoint": str(path)}
+    assert health.get_json() == {
+        "status": "alive",
+        "model": "waiting",
+        "checkpoint": str(path),
+        "reload": {"enabled": True, "poll_s": 0.05, "reloads": 0},  # DINO_RELOAD=auto: on with WAIT_FOR_MODEL
+    }
     ready = client.get("/readyz")
     assert ready.status_code == 503 and ready.get_json()["status"] == "waiting for a model"
     assert ready.get_json()["checkpoint"] == str(path)
@@ -133,7 +138,12 @@ def test_real_server_waits_for_a_model_then_serves_it(tmp_path):
     with running("serve", _serve_env(path, port), url, tmp_path / "serve.log", ready="/healthz"):
         health = requests.get(url + "/healthz", timeout=10)
         assert health.status_code == 200
-        assert health.json() == {"status": "alive", "model": "waiting", "checkpoint": str(path)}
+        assert health.json() == {
+            "status": "alive",
+            "model": "waiting",
+            "checkpoint": str(path),
+            "reload": {"enabled": True, "poll_s": 0.2, "reloads": 0},
+        }
         ready = requests.get(url + "/readyz", timeout=10)
         assert ready.status_code == 503
         assert ready.json()["status"] == "waiting for a model" and ready.json()["checkpoint"] == str(path)

@@ -31,6 +31,7 @@ CHECKPOINT_KEYS = {
     "rng",
     "args",
     "model_config",
+    "categories",
 }
 
 

@@ -137,6 +137,14 @@ def load_annotations(path: str | os.PathLike, image_dir: str | os.PathLike | Non
     return document
 
 
+def categories(document: dict[str, Any]) -> list[dict[str, Any]]:
+    """The document's categories as ``[{"id": int, "name": str}]`` by id: what a checkpoint stores as class names."""
+    return sorted(
+        ({"id": int(c["id"]), "name": str(c.get("name", c["id"]))} for c in document["categories"]),
+        key=lambda c: c["id"],
+    )
+
+
 def class_counts(document: dict[str, Any]) -> tuple[int, int]:
     """``(num_classes, dn_labelbook_size)`` for a dataset whose labels are its category ids."""
     num_classes = max(c["id"] for c in document["categories"]) + 1
@@ -192,6 +200,7 @@ class CocoDetection(Dataset):
             if not ann.get("iscrowd", 0):
                 self.by_image[ann["image_id"]].append(ann)
         self.num_classes, self.dn_labelbook_size = class_counts(self.document)
+        self.categories = categories(self.document)
         # the same split maps to the same cache folder in every run (str hash() is salted per process)
         source = f"{self.image_dir.resolve()}\n{self.ann_file.resolve()}".encode()
         namespace = hashlib.sha256(source).hexdigest()[:16]

@@ -7,10 +7,18 @@ occluding each other. The output folder looks like COCO 2017, so every command t
     OUT/val2017/000000100001.jpg ...
     OUT/annotations/instances_train2017.json
     OUT/annotations/instances_val2017.json
+    OUT/.dinops-complete.json                  written last: the dataset is complete
 
 The same arguments always give byte-identical files: every image draws from its own random generator seeded
-by (seed, split, index). Boxes are the full extent of each shape in COCO's ``[x, y, width, height]`` pixels;
-a shape is placed so that at most ``--max-occlusion`` of its box is covered by shapes drawn after it.
+by (seed, split, index). The completion marker is the one `dinops download` writes (see
+:mod:`dinops.download.marker`), with ``"source": "synthetic"`` and the ``spec``, so `dinops data-ready` (the
+training Job's gate) passes after synth as after a download. Running synth again with the same arguments over a
+complete dataset whose marker has the same spec does nothing and says so; another spec removes the marker first,
+regenerates (removing images the new spec does not have) and writes the marker again. A folder whose marker says
+it holds another (downloaded) dataset is refused.
+
+Boxes are the full extent of each shape in COCO's ``[x, y, width, height]`` pixels; a shape is placed so that at
+most ``--max-occlusion`` of its box is covered by shapes drawn after it.
 
 Examples::
 
@@ -24,11 +32,13 @@ import argparse
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
+
+from dinops.download import marker
 
 log = logging.getLogger(__name__)
 
@@ -215,11 +225,64 @@ def write_split(spec: SynthSpec, out: Path, split: str) -> Path:
     return ann_path
 
 
+class SynthError(ValueError):
+    """The output folder cannot take this dataset; the message says why."""
+
+
+def spec_fields(spec: SynthSpec) -> dict:
+    """The spec as the marker stores it (JSON values)."""
+    return json.loads(json.dumps(asdict(spec)))
+
+
+def _files(root: Path, split: str) -> list[Path]:
+    folder = root / split
+    return sorted(folder.glob("*.jpg")) if folder.is_dir() else []
+
+
+def is_complete(spec: SynthSpec, root: Path) -> bool:
+    """True when ``root`` holds this spec's complete dataset: a synthetic marker with the same spec, both
+    annotation files and the expected number of images. Raises :class:`SynthError` for another dataset's marker."""
+    try:
+        body = marker.read(root)
+    except marker.MarkerError:
+        return False
+    if body is None:
+        return False
+    if body.get("source") != "synthetic":
+        raise SynthError(
+            f"{marker.path(root)} says {root} holds another dataset (source {body.get('source')!r}); "
+            "synth would overwrite it: choose another --out"
+        )
+    counts = {"train2017": spec.train_images, "val2017": spec.val_images}
+    return (
+        body.get("spec") == spec_fields(spec)
+        and all((root / "annotations" / f"instances_{split}.json").is_file() for split in SPLITS)
+        and all(len(_files(root, split)) == counts[split] for split in SPLITS)
+    )
+
+
 def generate(spec: SynthSpec, out: str | os.PathLike) -> Path:
+    """Write the dataset and, last, its completion marker; nothing when it is complete already (see above)."""
     spec.check()
     root = Path(out)
+    if is_complete(spec, root):
+        log.info("%s already holds this dataset (%s says complete, same spec): nothing to do", root, marker.MARKER)
+        return root
+    if marker.remove(root):
+        log.info("removed the completion marker %s: this run changes the dataset", marker.path(root))
+    files = 0
     for split in SPLITS:
         write_split(spec, root, split)
+        count = spec.train_images if split == "train2017" else spec.val_images
+        wanted = {f"{(VAL_ID_OFFSET if split == 'val2017' else 0) + i + 1:012d}.jpg" for i in range(count)}
+        for stale in (p for p in _files(root, split) if p.name not in wanted):  # left by a larger earlier spec
+            stale.unlink()
+        files += count + 1
+    target = marker.write(
+        root,
+        {"source": "synthetic", "synthetic": True, "spec": spec_fields(spec), "sets": list(SPLITS), "files": files},
+    )
+    log.info("the dataset is complete: wrote %s", target)
     return root
 
 
@@ -249,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = SynthSpec(**{k: v for k, v in vars(args).items() if k != "out"})
     try:
         generate(spec, args.out)
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:
         log.error("dinops synth: %s", exc)
         return 2
     return 0

@@ -101,14 +101,19 @@ def _class_count(state: dict[str, Tensor]) -> int | None:
     return None
 
 
-def load_checkpoint(model: nn.Module, path: str | Path, num_classes: int | None = None) -> LoadReport:
+def load_checkpoint(
+    model: nn.Module, path: str | Path, num_classes: int | None = None, checkpoint: dict[str, Any] | None = None
+) -> LoadReport:
     """Load weights from ``path`` into ``model`` and report what did not fit.
+
+    checkpoint: ``path`` already read by :func:`read_checkpoint`; the weights then come from it, not from a second
+    read of a file that a training run may have replaced meanwhile.
 
     num_classes: the class count the model is meant to have (default: the model's ``num_classes``). When the
     checkpoint's class count differs, the class heads and ``label_enc`` are dropped (logged) and keep the model's
     fresh initialisation: the fine-tuning case. Any other shape mismatch is an error naming the keys.
     """
-    checkpoint = read_checkpoint(path)
+    checkpoint = read_checkpoint(path) if checkpoint is None else checkpoint
     state = dict(checkpoint["model"])
     wanted = num_classes if num_classes is not None else getattr(model, "num_classes", None)
     stored = _class_count(state)

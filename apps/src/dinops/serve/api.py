@@ -130,8 +130,9 @@ def _ready_runtime() -> ModelRuntime:
     return runtime
 
 
-def _detect(runtime: ModelRuntime) -> tuple[Any, Any, dict[str, float]]:
-    """Decode one image and run it through the batcher; returns (prediction, decoded image, timings in ms)."""
+def _detect(runtime: ModelRuntime) -> tuple[Any, Any, Any, dict[str, float]]:
+    """Decode one image and run it through the batcher; returns (prediction, the detector that computed it, decoded
+    image, timings in ms). A reload may swap the detector meanwhile: names and model info come from the one used."""
     started = time.perf_counter()
     image = images.decode(_image_bytes(), current_app.config["MAX_IMAGE_PIXELS"])
     decoded = time.perf_counter()
@@ -140,7 +141,7 @@ def _detect(runtime: ModelRuntime) -> tuple[Any, Any, dict[str, float]]:
     if short * min(detector.min_size / short, detector.max_size / long) < 2:  # would resize to nothing
         raise ApiError(400, "bad_aspect_ratio", f"The image ({image.width}x{image.height}) is too thin to analyse.")
     try:
-        future = runtime.batcher.submit(runtime.detector.prepare(image), (image.height, image.width))
+        future = runtime.batcher.submit(detector.prepare(image), (image.height, image.width))
     except QueueFull as exc:
         runtime.metrics.rejected.inc()
         raise ApiError(
@@ -148,7 +149,7 @@ def _detect(runtime: ModelRuntime) -> tuple[Any, Any, dict[str, float]]:
         ) from None
     timeout = current_app.config["REQUEST_TIMEOUT_S"]
     try:
-        prediction, batch = future.result(timeout=timeout)
+        (prediction, detector), batch = future.result(timeout=timeout)
     except concurrent.futures.TimeoutError:
         future.cancel()
         raise ApiError(
@@ -162,7 +163,7 @@ def _detect(runtime: ModelRuntime) -> tuple[Any, Any, dict[str, float]]:
         "total_ms": (time.perf_counter() - started) * 1000,
         "batch_size": batch.size,
     }
-    return prediction, image, {k: round(v, 2) for k, v in timing.items()}
+    return prediction, detector, image, {k: round(v, 2) for k, v in timing.items()}
 
 
 def _selected(prediction, threshold: float, max_detections: int, wanted: set[int] | None) -> list[int]:
@@ -178,8 +179,8 @@ def detect():
     threshold, max_detections = _threshold(), _max_detections()
     runtime = _ready_runtime()
     wanted = _classes(runtime)
-    prediction, image, timing = _detect(runtime)
-    names = runtime.detector.class_names
+    prediction, detector, image, timing = _detect(runtime)
+    names = detector.class_names
     detections = [
         {
             "box": [round(c, 2) for c in prediction.boxes[i]],
@@ -194,9 +195,9 @@ def detect():
         height=image.height,
         detections=detections,
         threshold=threshold,
-        model={**runtime.detector.info, "checkpoint": Path(runtime.detector.info.get("checkpoint", "")).name},
-        device=str(runtime.detector.device),
-        backend=runtime.detector.info.get("backend", "pytorch"),
+        model={**detector.info, "checkpoint": Path(detector.info.get("checkpoint", "")).name},
+        device=str(detector.device),
+        backend=detector.info.get("backend", "pytorch"),
         timing=timing,
     )
 
@@ -205,7 +206,7 @@ def detect():
 def inference():
     """The original service's contract: normalised xyxy boxes in parallel lists."""
     threshold = _threshold()
-    prediction, image, _ = _detect(_ready_runtime())
+    prediction, _, image, _ = _detect(_ready_runtime())
     keep = _selected(prediction, threshold, current_app.config["MAX_DETECTIONS"], None)
     w, h = image.width, image.height
     return jsonify(

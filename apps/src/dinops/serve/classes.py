@@ -1,8 +1,17 @@
-"""Class names by label id: COCO's 80 names at their category ids (1..90, with gaps), or a custom table.
+"""Class names by label id: the model's own table, COCO's 80 names at their category ids, or ``class <id>``.
 
-DINO trained on COCO predicts the COCO category id itself (``num_classes`` 91), so the table is keyed by id
-and ids without a name (the gaps 12, 26, 29, ... and anything a custom model adds) are named ``class <id>``
-rather than failing.
+DINO predicts the annotation file's category id itself, so every table is keyed by id, and ids without a name
+(COCO's gaps 12, 26, 29, ... and anything a custom model adds) are named ``class <id>`` rather than failing.
+
+Where the names come from (:func:`resolve`, in this order; the table's ``source`` says which):
+
+1. a file given with ``DINO_CLASS_NAMES`` (source: the file's path);
+2. the checkpoint's ``categories`` (``[{"id", "name"}]``, written by `dinops train` from the training annotations)
+   or ``class_names`` (source ``checkpoint``);
+3. COCO's names, only for a model with COCO's class count, 91 (the official DINO checkpoints, which store no
+   names, and older dinops checkpoints trained on COCO) (source ``coco``);
+4. none: every label is ``class <id>`` (source ``ids``), so that a model trained on other data is never
+   labelled with COCO's names.
 """
 
 from __future__ import annotations
@@ -26,6 +35,9 @@ COCO_NAMES: dict[int, str] = {
     79: "oven", 80: "toaster", 81: "sink", 82: "refrigerator", 84: "book", 85: "clock", 86: "vase",
     87: "scissors", 88: "teddy bear", 89: "hair drier", 90: "toothbrush",
 }  # fmt: skip
+
+
+COCO_NUM_CLASSES = 91  # the official DINO configs: labels are COCO category ids 1..90, plus the unused 0
 
 
 class ClassNamesError(ValueError):
@@ -92,5 +104,17 @@ def from_checkpoint(checkpoint: Mapping[str, Any]) -> ClassNames | None:
     for holder in (checkpoint, args):
         for key in ("class_names", "categories"):
             if holder.get(key):
-                return from_value(holder[key], f"checkpoint[{key!r}]")
+                return from_value(holder[key], "checkpoint")
     return None
+
+
+def resolve(names_file: str, checkpoint: Mapping[str, Any], num_classes: int | None) -> ClassNames:
+    """The class names of a served model, by the precedence of the module docstring."""
+    if names_file:
+        return from_file(names_file)
+    stored = from_checkpoint(checkpoint)
+    if stored is not None:
+        return stored
+    if num_classes == COCO_NUM_CLASSES:
+        return coco()
+    return ClassNames({}, "ids")

@@ -6,7 +6,8 @@ fork (the master never loads torch's CUDA state) and batches the requests of its
 
 With --wait-for-model (DINO_WAIT_FOR_MODEL=true) a checkpoint that does not exist yet is not an error: the API
 starts, /healthz says "model": "waiting", /readyz and the detection endpoints answer 503 until the file appears
-and has been loaded.
+and has been loaded. --reload (DINO_RELOAD; auto: on with --wait-for-model) follows the file afterwards: a
+checkpoint that training replaces is loaded in the background and swapped in; /healthz says which one is in use.
 
 Endpoints: POST /v1/detect, POST /inference (the original service's contract), GET /healthz, /readyz,
 /metrics, /openapi.json.

@@ -143,6 +143,19 @@ def backend_name() -> str:
     return str(probe()) if callable(probe) else "pytorch"
 
 
+def training_position(checkpoint: dict[str, Any]) -> dict[str, int]:
+    """Where a `dinops train` checkpoint stood: ``epoch`` (epochs completed, the index of the epoch in progress),
+    ``step`` (optimizer steps done in it) and ``global_step``; empty for other checkpoints."""
+    position = checkpoint.get("next")
+    if not isinstance(position, dict):
+        return {}
+    return {
+        "epoch": int(position["epoch"]),
+        "step": int(position["step"]),
+        "global_step": int(checkpoint.get("global_step", 0)),
+    }
+
+
 def load_detector(config: dict[str, Any]) -> Detector:
     """Build the model from ``config`` (the app's settings, keys as in :mod:`dinops.serve.settings`)."""
     from dinops import model as dino_model
@@ -168,18 +181,11 @@ def load_detector(config: dict[str, Any]) -> Detector:
         raise ModelLoadError(f"checkpoint {path} carries no model configuration; give it with DINO_CONFIG")
     try:
         model = dino_model.build_dino(cfg)
-        dino_model.load_checkpoint(model, path)
+        dino_model.load_checkpoint(model, path, checkpoint=checkpoint)
     except Exception as exc:
         raise ModelLoadError(f"cannot build the model from {path}: {exc}") from exc
-    if config["CLASS_NAMES"]:
-        names = classes.from_file(config["CLASS_NAMES"])
-    else:
-        names = classes.from_checkpoint(checkpoint) or classes.coco()
-    del checkpoint
+    names = classes.resolve(config["CLASS_NAMES"], checkpoint, getattr(cfg, "num_classes", None))
     device = resolve_device(config["DEVICE"])
-    precision = config["PRECISION"]
-    if precision != "fp32" and device.type != "cuda":
-        log.warning("precision %s applies on a GPU only; running fp32 on %s", precision, device)
     info = {
         "checkpoint": str(path),
         "backend": backend_name(),
@@ -187,7 +193,12 @@ def load_detector(config: dict[str, Any]) -> Detector:
         "num_queries": getattr(cfg, "num_queries", None),
         "backbone": getattr(cfg, "backbone", None),
         "class_names": names.source,
+        **training_position(checkpoint),
     }
+    del checkpoint
+    precision = config["PRECISION"]
+    if precision != "fp32" and device.type != "cuda":
+        log.warning("precision %s applies on a GPU only; running fp32 on %s", precision, device)
     return Detector(
         model=model,
         postprocess=dino_model.postprocess,

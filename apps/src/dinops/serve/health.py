@@ -12,11 +12,19 @@ bp = Blueprint("health", __name__)
 @bp.get("/healthz")
 def healthz():
     """200 while the process answers, model or not; ``model`` is waiting, loading, ready or failed, and a failed load
-    carries its ``error`` (the workloads stage reports it from here)."""
+    carries its ``error`` (the workloads stage reports it from here). ``loaded`` describes the model in use: its file,
+    the training position stored in it (``epoch``, ``step``, ``global_step``), the file's ``mtime``, where its class
+    names came from; ``reload`` (with DINO_RELOAD) counts reloads and carries the last failed one's ``error``."""
     runtime = current_app.extensions["dino"]
     body = {"status": "alive", "model": runtime.model_state, "checkpoint": runtime.checkpoint}
     if runtime.model_state == "failed" and runtime.error:
         body["error"] = runtime.error
+    if runtime.loaded is not None:
+        body["loaded"] = runtime.loaded
+    if runtime.follows:
+        body["reload"] = {"enabled": True, "poll_s": runtime.poll_s, "reloads": runtime.reloads}
+        if runtime.reload_error:
+            body["reload"]["error"] = runtime.reload_error
     return jsonify(body)
 
 

@@ -40,6 +40,12 @@ class Metrics:
             ["state"],
             registry=r,
         )
+        self.reloads = Counter(
+            "dino_model_reloads",
+            "checkpoint reloads (DINO_RELOAD) by result: ok (swapped in) or failed (the loaded model stays)",
+            ["result"],
+            registry=r,
+        )
 
     def observe_batch(self, size: int, seconds: float) -> None:
         self.batch_size.observe(size)

@@ -127,7 +127,12 @@ def spec(config: dict[str, Any]) -> dict[str, Any]:
             "/healthz": {
                 "get": {
                     "summary": "the process is alive",
-                    "responses": {"200": {"description": "alive; model: waiting, loading, ready or failed"}},
+                    "responses": {
+                        "200": {
+                            "description": "alive; model: waiting, loading, ready or failed; loaded: the checkpoint in "
+                            "use (file, epoch, step, global_step, mtime, class-name source); reload: with DINO_RELOAD"
+                        }
+                    },
                 }
             },
             "/readyz": {

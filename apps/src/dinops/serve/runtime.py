@@ -7,8 +7,18 @@ the test config) or a loader (``DETECTOR_LOADER``).
 
 With ``WAIT_FOR_MODEL`` (``DINO_WAIT_FOR_MODEL``), a checkpoint that does not exist yet is not an error: the
 runtime reports ``waiting`` and a background thread looks for the file every ``MODEL_POLL_S`` seconds, then loads
-and warms it up once, exactly as at start. A file that fails to load (``failed``) is tried again when its size or
-modification time changes (a training run may write a new one); a file that disappears means ``waiting`` again.
+and warms it up, exactly as at start. A file that fails to load (``failed``) is tried again when it changes (a
+training run may write a new one); a file that disappears before any model was loaded means ``waiting`` again.
+
+Following a training run (``RELOAD``, ``DINO_RELOAD``; ``auto``, the default, is on exactly with
+``WAIT_FOR_MODEL``): after the first load the same thread keeps looking at the file. Its identity is (inode, size,
+mtime in ns): training replaces the file by a rename, which gives it a new inode even where size and mtime happen to
+be equal. When the identity changed, the new file is loaded and warmed up in that thread while the loaded model keeps
+answering, then swapped in by one reference assignment. Each batch takes the detector once, so a batch that has
+started finishes on the old model and the next one runs on the new. A reload that fails keeps the loaded model and
+the ``ready`` state and reports ``reload.error`` on /healthz until a later file loads; a file that disappears keeps
+the loaded model too. Off (an explicit checkpoint without ``WAIT_FOR_MODEL``): a released model changes only through
+a roll-out, never under one replica's feet.
 """
 
 from __future__ import annotations
@@ -17,14 +27,15 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from flask import Flask
 
 from dinops.serve.batching import Batcher
-from dinops.serve.detector import Detector, load_detector
+from dinops.serve.detector import Detector, Prediction, load_detector
 from dinops.serve.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -32,26 +43,48 @@ log = logging.getLogger(__name__)
 MODEL_STATES = ("waiting", "loading", "ready", "failed")  # as /healthz reports them ("model")
 
 
-def _signature(path: Path) -> tuple[int, int] | None:
-    """(mtime in ns, size) of a regular file; None when there is none."""
+@dataclass(frozen=True)
+class FileIdentity:
+    """What tells one checkpoint file from the next at the same path (``os.stat``)."""
+
+    inode: int
+    size: int
+    mtime_ns: int
+
+    def describe(self) -> dict[str, object]:
+        seconds, ns = divmod(self.mtime_ns, 1_000_000_000)
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{ns // 1_000_000:03d}Z"
+        return {"mtime": stamp, "mtime_ns": self.mtime_ns, "size": self.size, "inode": self.inode}
+
+
+def file_identity(path: Path) -> FileIdentity | None:
+    """The identity of a regular file; None when there is none."""
     try:
         stat = path.stat()
     except OSError:
         return None
-    return (stat.st_mtime_ns, stat.st_size) if path.is_file() else None
+    return FileIdentity(stat.st_ino, stat.st_size, stat.st_mtime_ns) if path.is_file() else None
+
+
+def _utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 class ModelRuntime:
     def __init__(self, app: Flask | None = None) -> None:
         self.state = "idle"  # idle -> loading -> ready | failed; waiting for a model: idle -> waiting <-> loading...
         self.error = ""
-        self.detector: Detector | None = None
+        self.detector: Detector | None = None  # replaced whole by a reload; read it once per use
         self.batcher: Batcher | None = None
         self.warmup_s: float | None = None
+        self.loaded: dict[str, Any] | None = None  # the model in use, as /healthz reports it
+        self.reload_error = ""
+        self.reloads = 0
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._closed = threading.Event()
         self.waits_for_model = False
+        self.follows = False
         if app is not None:
             self.init_app(app)
 
@@ -88,12 +121,13 @@ class ModelRuntime:
         with self._lock:
             if self.state != "idle":
                 return
-            self.waits_for_model = bool(
-                self.config.get("WAIT_FOR_MODEL") and self.checkpoint and self.config.get("DETECTOR") is None
-            )
-            missing = _signature(Path(self.checkpoint)) is None
+            from_file = bool(self.checkpoint) and self.config.get("DETECTOR") is None
+            self.waits_for_model = bool(self.config.get("WAIT_FOR_MODEL")) and from_file
+            reload = str(self.config.get("RELOAD", "auto")).lower()
+            self.follows = from_file and (reload == "true" or (reload == "auto" and self.waits_for_model))
+            missing = file_identity(Path(self.checkpoint)) is None
             self.state = "waiting" if self.waits_for_model and missing else "loading"
-        target = self._watch if self.waits_for_model else self._load
+        target = self._watch if self.waits_for_model or self.follows else self._load
         threading.Thread(target=target, name="dino-loader", daemon=True).start()
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -106,62 +140,98 @@ class ModelRuntime:
             self._done.set()
 
     def _watch(self) -> None:
-        """Wait for the checkpoint, load it once; after a failed load, try again when the file changes."""
+        """Wait for the checkpoint and load it; after a failed load, try again when the file changes; with
+        ``follows``, keep loading each new file (see the module docstring)."""
         path = Path(self.checkpoint)
-        tried: tuple[int, int] | None = None
+        tried: FileIdentity | None = None  # the file last loaded or failed: not tried again until it changes
         announced = False
         while not self._closed.is_set():
-            signature = _signature(path)
-            if signature is None:
-                tried = None
-                if self.state != "waiting":
-                    self.state, self.error, announced = "waiting", "", False
-                if not announced:
-                    log.warning("%s (polling every %g s)", self.waiting_message, self.poll_s)
-                    announced = True
-            elif signature != tried:
-                tried = signature
-                log.info("checkpoint %s is there; loading it", path)
-                self.state, self.error = "loading", ""
-                if self._load_once():
-                    self._done.set()
-                    return
-                log.warning("will try %s again when it changes", path)
+            identity = file_identity(path)
+            if self.detector is None:
+                if identity is None:
+                    tried = None
+                    if self.state != "waiting":
+                        self.state, self.error, announced = "waiting", "", False
+                    if not announced:
+                        log.warning("%s (polling every %g s)", self.waiting_message, self.poll_s)
+                        announced = True
+                elif identity != tried:
+                    tried = identity
+                    log.info("checkpoint %s is there; loading it", path)
+                    self.state, self.error = "loading", ""
+                    if self._load_once(identity):
+                        self._done.set()
+                        if not self.follows:
+                            return
+                    else:
+                        log.warning("will try %s again when it changes", path)
+            elif identity is not None and identity != tried:
+                tried = identity
+                log.info("checkpoint %s was replaced; loading the new one beside the model in use", path)
+                self._load_once(identity)
             self._closed.wait(self.poll_s)
 
-    def _load_once(self) -> bool:
+    def _run_batch(self, images: Sequence[Any], sizes: Sequence[tuple[int, int]]) -> list[tuple[Prediction, Detector]]:
+        """One batch on the detector in use when it starts; each result names the detector that computed it."""
+        detector = self.detector
+        return [(prediction, detector) for prediction in detector.forward(images, sizes)]
+
+    def _load_once(self, identity: FileIdentity | None = None) -> bool:
+        """Load, warm up and swap in a detector. The first load sets ``ready`` or ``failed``; a reload that fails
+        keeps the loaded model and records ``reload_error``."""
         started = time.perf_counter()
+        first = self.detector is None
+        if identity is None and self.checkpoint and self.config.get("DETECTOR") is None:
+            identity = file_identity(Path(self.checkpoint))
         try:
-            if self.config["TORCH_THREADS"] > 0:
+            if first and self.config["TORCH_THREADS"] > 0:
                 import torch
 
                 torch.set_num_threads(self.config["TORCH_THREADS"])
             detector = self._loader(dict(self.config))
-            if self.config["WARMUP"]:
-                self.warmup_s = detector.warm_up()
-            self.batcher = Batcher(
-                detector.forward,
-                max_batch=self.config["BATCH_MAX_SIZE"],
-                max_wait_s=self.config["BATCH_MAX_WAIT_MS"] / 1000.0,
-                queue_size=self.config["QUEUE_SIZE"],
-                observe=self.metrics.observe_batch,
-            )
-            self.detector = detector
-            self.state = "ready"
-            log.info(
-                "model ready",
-                extra={
-                    "device": str(detector.device),
-                    "load_s": round(time.perf_counter() - started, 3),
-                    **detector.info,
-                },
-            )
-            return True
+            warmup_s = detector.warm_up() if self.config["WARMUP"] else None
+            if self.batcher is None:
+                self.batcher = Batcher(
+                    self._run_batch,
+                    max_batch=self.config["BATCH_MAX_SIZE"],
+                    max_wait_s=self.config["BATCH_MAX_WAIT_MS"] / 1000.0,
+                    queue_size=self.config["QUEUE_SIZE"],
+                    observe=self.metrics.observe_batch,
+                )
         except Exception as exc:
-            self.error = str(exc)
-            self.state = "failed"
-            log.exception("model failed to load")
+            if first:
+                self.error = str(exc)
+                self.state = "failed"
+                log.exception("model failed to load")
+            else:
+                self.reload_error = str(exc)
+                self.metrics.reloads.labels("failed").inc()
+                log.exception("reload failed; still serving %s", (self.loaded or {}).get("checkpoint"))
             return False
+        self.warmup_s = warmup_s
+        self.loaded = {
+            "checkpoint": detector.info.get("checkpoint", self.checkpoint),
+            **{k: detector.info[k] for k in ("epoch", "step", "global_step") if k in detector.info},
+            **(identity.describe() if identity is not None else {}),
+            "class_names": detector.info.get("class_names", detector.class_names.source),
+            "loaded_at": _utc_now(),
+        }
+        self.detector = detector  # the swap: batches that start from now on run on this model
+        self.reload_error = ""
+        self.state = "ready"
+        if not first:
+            self.reloads += 1
+            self.metrics.reloads.labels("ok").inc()
+        log.info(
+            "model ready" if first else "model reloaded",
+            extra={
+                "device": str(detector.device),
+                "load_s": round(time.perf_counter() - started, 3),
+                **detector.info,
+                **{k: v for k, v in self.loaded.items() if k in ("epoch", "step", "global_step", "mtime")},
+            },
+        )
+        return True
 
     def close(self) -> None:
         self._closed.set()

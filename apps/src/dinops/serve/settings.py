@@ -73,10 +73,18 @@ SETTINGS: tuple[Setting, ...] = (
         env="DINO_WAIT_FOR_MODEL",
     ),
     Setting(
+        "reload",
+        "auto",
+        "follow the checkpoint file: when it is replaced (new inode, size or mtime), load the new one in the "
+        "background and swap it in; a failed reload keeps the loaded model. auto: on with --wait-for-model",
+        env="DINO_RELOAD",
+        choices=("auto", "true", "false"),
+    ),
+    Setting(
         "model_poll_s",
         5.0,
-        "while waiting for a model: seconds between two looks for the checkpoint (or for a new one after a "
-        "failed load)",
+        "seconds between two looks at the checkpoint file (waiting for it, a new one after a failed load, "
+        "or a replaced one with --reload)",
         type=positive_float,
         env="DINO_MODEL_POLL_S",
     ),

@@ -54,7 +54,8 @@ def free_port() -> int:
 def running(
     command: str, env: Mapping[str, str], url: str, log_path: Path, ready: str = "/readyz", timeout: float = 300
 ) -> Iterator[subprocess.Popen]:
-    """Run ``dinops <command>`` until ``url + ready`` answers 200; stop it (SIGTERM, then SIGKILL) afterwards."""
+    """Run ``dinops <command>`` until ``url + ready`` answers 200 (``/readyz`` saying the model failed to load ends the
+    wait at once); stop it (SIGTERM, then SIGKILL) afterwards."""
     import requests
 
     with open(log_path, "wb") as log:
@@ -72,9 +73,14 @@ def running(
                     f"dinops {command} exited with {process.returncode}:\n{log_path.read_text()[-3000:]}"
                 )
             try:
-                if requests.get(url + ready, timeout=2).status_code == 200:
+                answer = requests.get(url + ready, timeout=2)
+                if answer.status_code == 200:
                     break
-            except requests.RequestException:
+                if ready == "/readyz" and answer.json().get("status") == "failed":  # no point waiting 300 s more
+                    raise RuntimeError(
+                        f"dinops {command}: {answer.json().get('error')}\n{log_path.read_text()[-3000:]}"
+                    )
+            except (requests.RequestException, ValueError):
                 pass
             if time.monotonic() > deadline:
                 raise RuntimeError(f"dinops {command} not ready after {timeout} s:\n{log_path.read_text()[-3000:]}")

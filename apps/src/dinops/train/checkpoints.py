@@ -7,7 +7,9 @@ rename) so a kill at any instant leaves the previous or the new file, never half
 The dict holds ``model``, ``optimizer``, ``lr_scheduler``, ``scaler``, ``epoch`` (last completed epoch, as in
 DINO; -1 before the first), ``next`` (``{"epoch", "step"}`` where training continues, step = optimizer steps
 done in that epoch), ``images_seen`` (global images consumed in ``next.epoch``), ``global_step``,
-``best_ap``, ``rng`` (one RNG state per process) and ``args``.
+``best_ap``, ``rng`` (one RNG state per process), ``args``, ``model_config`` and ``categories``: the training
+annotation file's categories as ``[{"id": int, "name": str}]`` (label = category id), the class names that
+`dinops serve` reports. Numbered copies are links to the latest file, so every file carries all of it.
 """
 
 from __future__ import annotations
@@ -115,7 +117,9 @@ def keep_copy(latest: Path, target: Path) -> Path:
     return target
 
 
-def training_state(model, optimizer, scheduler, scaler, state: StepState, args, global_batch: int) -> dict[str, Any]:
+def training_state(
+    model, optimizer, scheduler, scaler, state: StepState, args, global_batch: int, categories: list[dict[str, Any]]
+) -> dict[str, Any]:
     """The checkpoint dict (see the module docstring). Collective under DDP: every process must call it."""
     rng = dist.all_gather_object(rng_state())
     return {
@@ -132,6 +136,7 @@ def training_state(model, optimizer, scheduler, scaler, state: StepState, args, 
         "rng": rng,
         "args": {k: v for k, v in vars(args).items() if k != "model_cfg"},
         "model_config": args.model_cfg,
+        "categories": categories,
     }
 
 

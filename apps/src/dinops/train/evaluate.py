@@ -52,6 +52,25 @@ def get_args_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def warn_on_other_names(trained: list[dict] | None, evaluated: list[dict], annotations: str) -> list[int]:
+    """Labels are category ids: a model whose training named an id differently than the evaluation file is scored
+    against the wrong classes. Logs one warning listing them; returns those ids."""
+    if not trained:
+        return []
+    theirs = {c["id"]: c["name"] for c in evaluated}
+    differ = sorted(c["id"] for c in trained if c["id"] in theirs and theirs[c["id"]] != c["name"])
+    if differ:
+        shown = ", ".join(
+            f"{i}: trained {n!r} vs {theirs[i]!r}" for i, n in ((c["id"], c["name"]) for c in trained) if i in differ
+        )
+        log.warning(
+            "%s names category ids differently than the training data did (%s); the numbers compare other classes",
+            annotations,
+            shown,
+        )
+    return differ
+
+
 def run(args: argparse.Namespace) -> dict:
     from dinops.model import build_dino, load_checkpoint, postprocess
     from dinops.model.checkpoint import checkpoint_config, read_checkpoint
@@ -65,6 +84,7 @@ def run(args: argparse.Namespace) -> dict:
         images, annotations, eval_transforms(args.eval_size, args.max_size), cache_dir=args.cache_dir or None
     )
     ckpt = read_checkpoint(args.checkpoint)  # refuses files that would run code when unpickled
+    warn_on_other_names(ckpt.get("categories"), dataset.categories, annotations)
     cfg = checkpoint_config(ckpt)
     if cfg is not None:
         log.info("model configuration from the checkpoint (%s, %d classes)", cfg.backbone, cfg.num_classes)

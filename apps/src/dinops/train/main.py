@@ -295,7 +295,9 @@ def train(args: argparse.Namespace) -> int:
     tensorboard = TensorBoard(output_dir, args.tensorboard and rank == 0)
 
     def save_latest(s: StepState) -> None:
-        ckpt = checkpoints.training_state(bare, optimizer, scheduler, scaler, s, args, global_batch)
+        ckpt = checkpoints.training_state(
+            bare, optimizer, scheduler, scaler, s, args, global_batch, train_set.categories
+        )
         if rank == 0:
             checkpoints.save_atomic(ckpt, output_dir / checkpoints.LATEST)
             log.info("checkpoint: epoch %d step %d -> %s", s.epoch, s.step, output_dir / checkpoints.LATEST)
@@ -341,7 +343,9 @@ def train(args: argparse.Namespace) -> int:
             record["test_coco_eval_bbox"] = stats
             if stats[0] > state.best_ap:
                 state.best_ap = stats[0]
-                ckpt = checkpoints.training_state(bare, optimizer, scheduler, scaler, state, args, global_batch)
+                ckpt = checkpoints.training_state(
+                    bare, optimizer, scheduler, scaler, state, args, global_batch, train_set.categories
+                )
                 if rank == 0:
                     checkpoints.save_atomic(ckpt, output_dir / checkpoints.BEST)
         record |= {

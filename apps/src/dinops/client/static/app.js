@@ -31,33 +31,56 @@
     return current.answer.detections.filter((d) => d.score >= threshold());
   }
 
+  // Display size: small images (the demo's are 128-256 px) are scaled up so that their longer side is at least
+  // MIN_DISPLAY_PX CSS pixels, large ones scaled down to the page width; never wider than the page.
+  const MIN_DISPLAY_PX = 640;
+  const LINE_PX = 2; // box outline, CSS pixels
+  const FONT_PX = 14; // caption text, CSS pixels: readable whatever the image's own size
+
+  function displayScale(width, height) {
+    const parent = canvas.parentElement;
+    const style = getComputedStyle(parent);
+    const room = parent.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight) || width;
+    return Math.min(room / width, Math.max(1, MIN_DISPLAY_PX / Math.max(width, height)));
+  }
+
   function render() {
     sliderValue.textContent = threshold().toFixed(2);
     if (!current) return;
     const { bitmap, answer } = current;
+    // The canvas holds the displayed size times devicePixelRatio, and everything (image, boxes, captions) is drawn
+    // in CSS pixels through one transform: captions are rasterised at screen resolution, never stretched.
+    const scale = displayScale(answer.width, answer.height);
+    const cssWidth = Math.round(answer.width * scale);
+    const cssHeight = Math.round(answer.height * scale);
+    const ratio = window.devicePixelRatio || 1;
+    canvas.width = Math.round(cssWidth * ratio);
+    canvas.height = Math.round(cssHeight * ratio);
+    canvas.style.width = `${cssWidth}px`;
+    canvas.dataset.scale = String(scale);
+    canvas.dataset.captionPx = String(FONT_PX);
     const ctx = canvas.getContext("2d");
-    canvas.width = answer.width;
-    canvas.height = answer.height;
-    ctx.clearRect(0, 0, canvas.width, canvas.height);
-    if (bitmap) ctx.drawImage(bitmap, 0, 0, answer.width, answer.height);
+    ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+    ctx.clearRect(0, 0, cssWidth, cssHeight);
+    ctx.imageSmoothingQuality = "high";
+    if (bitmap) ctx.drawImage(bitmap, 0, 0, cssWidth, cssHeight);
     const shown = visible();
-    const line = Math.max(2, Math.round(Math.max(answer.width, answer.height) / 400));
-    ctx.font = `${6 * line + 6}px system-ui, sans-serif`;
+    ctx.font = `${FONT_PX}px system-ui, sans-serif`;
     ctx.textBaseline = "top";
     rows.replaceChildren();
     shown.forEach((d) => {
-      const [x1, y1, x2, y2] = d.box;
+      const [x1, y1, x2, y2] = d.box.map((c) => c * scale);
       const colour = palette[Math.abs(d.label) % palette.length];
       const caption = `${d.name} ${d.score.toFixed(2)}`;
       ctx.strokeStyle = colour;
-      ctx.lineWidth = line;
+      ctx.lineWidth = LINE_PX;
       ctx.strokeRect(x1, y1, x2 - x1, y2 - y1);
-      const width = ctx.measureText(caption).width + 2 * line;
-      const height = 6 * line + 10;
+      const width = ctx.measureText(caption).width + 2 * LINE_PX;
+      const height = FONT_PX + 6;
       ctx.fillStyle = colour;
       ctx.fillRect(x1, Math.max(0, y1 - height), width, height);
       ctx.fillStyle = "#fff";
-      ctx.fillText(caption, x1 + line, Math.max(0, y1 - height) + 2);
+      ctx.fillText(caption, x1 + LINE_PX, Math.max(0, y1 - height) + 3);
 
       const row = document.createElement("tr");
       row.className = "detection";
@@ -120,6 +143,7 @@
 
   input.addEventListener("change", () => detect(input.files[0]));
   slider.addEventListener("input", render);
+  window.addEventListener("resize", render); // the page width bounds the displayed size
   ["dragenter", "dragover"].forEach((name) =>
     drop.addEventListener(name, (event) => {
       event.preventDefault();
