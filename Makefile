@@ -17,7 +17,7 @@ MOLECULE_SCENARIOS ?=
 PYTEST_ARGS ?=
 
 .PHONY: verify help up test setup setup-controller venv venv-controller collections docker molecule-image \
-	lint molecule pytest images browser bench syntax clean
+	lint molecule pytest images browser demo bench syntax clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -67,7 +67,7 @@ syntax: $(VENV)/.controller
 # --- tests -----------------------------------------------------------------------------------------------------------
 test: ## Run every test (what CI runs), printing one timing line per stage; every stage runs, failures reported at the end
 	@failed=""; \
-	for stage in set-up:setup lint:lint molecule:molecule python-tests:pytest images:images browser:browser; do \
+	for stage in set-up:setup lint:lint molecule:molecule python-tests:pytest images:images browser:browser demo:demo; do \
 	  $(STAGE) $${stage%%:*} $(MAKE) --no-print-directory $${stage##*:} || failed="$$failed $${stage%%:*}"; \
 	done; \
 	if [ -n "$$failed" ]; then echo "make test: failed stages:$$failed"; exit 1; fi; \
@@ -86,13 +86,16 @@ molecule: $(VENV)/.dev ## Every Molecule scenario: converge, idempotence (change
 	scripts/molecule-all.sh $(MOLECULE_SCENARIOS)
 
 pytest: $(VENV)/.dev ## Python tests: the apps, the Ansible plugins, inventories and manifests
-	python -m pytest -m "not browser and not images" $(PYTEST_ARGS)
+	python -m pytest -m "not browser and not images and not demo" $(PYTEST_ARGS)
 
 images: $(VENV)/.dev docker ## Build every container image (air-gapped mode) and run it
 	scripts/pytest-stage.sh -m images $(PYTEST_ARGS)
 
 browser: $(VENV)/.dev ## The web client in a real headless Chromium
 	scripts/pytest-stage.sh -m browser $(PYTEST_ARGS)
+
+demo: $(VENV)/.dev docker ## The CPU demo end to end: site.yml on this machine's Docker, a kill and resume, a browser, changed=0
+	scripts/pytest-stage.sh -m demo -s $(PYTEST_ARGS)
 
 bench: $(VENV)/.dev ## Benchmarks that print figures (model, training, serving, downloader, images)
 	@for b in apps/bench/bench_*.py; do echo "=== $$b"; python $$b || exit 1; done

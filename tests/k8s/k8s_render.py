@@ -12,15 +12,15 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "k8s"
-OVERLAYS = ("cpu", "minikube-gpu", "k3s-gpu")
-GPU_OVERLAYS = ("minikube-gpu", "k3s-gpu")
+OVERLAYS = ("cpu", "minikube-gpu", "k3s-gpu", "docker-gpu")
+GPU_OVERLAYS = ("minikube-gpu", "k3s-gpu", "docker-gpu")
 GPU = "nvidia.com/gpu"
 
 
-def load_workloads_filters():
-    """The workloads role's filter plugin, imported from its file as Ansible would load it."""
-    path = REPO / "roles" / "workloads" / "filter_plugins" / "workloads.py"
-    spec = importlib.util.spec_from_file_location("dinops_workloads_filters", path)
+def load_workloads_filters(name: str = "workloads"):
+    """A filter plugin file of the workloads role (workloads.py, docker_runtime.py), imported as Ansible would."""
+    path = REPO / "roles" / "workloads" / "filter_plugins" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"dinops_{name}_filters", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -95,7 +95,7 @@ SITE_VARIANTS = {
 
 # --- The shipped GPU profiles, each on each cluster kind ---------------------------------------------------------
 FACTS = yaml.safe_load((REPO / "facts" / "cluster.yml").read_text())
-CLUSTER_OVERLAYS = {"minikube": "minikube-gpu", "k3s": "k3s-gpu"}
+CLUSTER_OVERLAYS = {"minikube": "minikube-gpu", "k3s": "k3s-gpu", "docker": "docker-gpu"}
 
 
 def shipped_profiles() -> dict[str, dict]:
@@ -172,3 +172,27 @@ def container_env(objects: list[dict], container: dict) -> dict[str, str]:
     for source in container.get("envFrom", []):
         env.update(find(objects, "ConfigMap", source["configMapRef"]["name"])["data"])
     return env
+
+
+# --- The Docker runtime: the same layer, translated (roles/workloads/filter_plugins/docker_runtime.py) -------------
+def docker_node(gpu_count: int = 0, vcpus: int = 2, memory_mb: int = 24105) -> dict:
+    return {"cluster": "docker", "profile": "local", "host_vcpus": vcpus, "host_memory_mb": memory_mb,
+            "gpu_count": gpu_count}  # fmt: skip
+
+
+# What roles/workloads passes on a host of the Docker runtime (inventories/local on this machine: 2 vCPUs, no GPU,
+# the demo), and the same runtime on GPU hosts.
+DOCKER_VARIANTS = {
+    "docker-cpu-demo": {"overlay": "cpu", "cluster": "docker", "demo": True, "train": True, "shm_size": "1G",
+                        "node": docker_node(), "cluster_facts": FACTS,
+                        "config": {"train": {"DINO_BATCH_SIZE": 2, "DINO_NUM_WORKERS": 2}}},
+    "docker-cpu-serve-only": {"overlay": "cpu", "cluster": "docker", "train": False, "shm_size": "1G",
+                              "node": docker_node(), "cluster_facts": FACTS},
+    "docker-gpu-train-2": {"overlay": "docker-gpu", "cluster": "docker", "train": True, "shm_size": "8Gi",
+                           "node": docker_node(gpu_count=2, vcpus=16, memory_mb=65536), "cluster_facts": FACTS,
+                           "checkpoint_url": "https://mirror.example/dino/checkpoint0011_4scale.pth",
+                           "checkpoint_sha256": "ab" * 32,
+                           "proxy_env": {"https_proxy": "http://proxy.example:3128", "no_proxy": "intranet"}},
+    "docker-gpu-serve": {"overlay": "docker-gpu", "cluster": "docker", "train": False, "shm_size": "8Gi",
+                         "node": docker_node(gpu_count=1, vcpus=8, memory_mb=32768), "cluster_facts": FACTS},
+}  # fmt: skip

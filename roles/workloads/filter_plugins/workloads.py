@@ -15,8 +15,8 @@ import json
 import re
 from typing import Any
 
-OVERLAYS = ("cpu", "minikube-gpu", "k3s-gpu")
-GPU_OVERLAYS = ("minikube-gpu", "k3s-gpu")
+OVERLAYS = ("cpu", "minikube-gpu", "k3s-gpu", "docker-gpu")
+GPU_OVERLAYS = ("minikube-gpu", "k3s-gpu", "docker-gpu")
 GPU_SHARING = ("exclusive", "time-slicing")
 APPS = ("download", "train", "serve", "client")
 # The generated ConfigMap each key of the config setting merges into.
@@ -48,7 +48,7 @@ def _require(condition: bool, message: str) -> None:
 
 
 # --- The node ---------------------------------------------------------------------------------------------------
-CLUSTERS = ("minikube", "k3s", "none")
+CLUSTERS = ("minikube", "k3s", "docker", "none")
 # Binary and decimal suffixes of a Kubernetes quantity, in MiB.
 _MI = {"": 1 / 2**20, "Ki": 1 / 1024, "Mi": 1, "Gi": 1024, "Ti": 2**20, "Pi": 2**30, "Ei": 2**40}
 _MI |= {suffix: 1000**power / 2**20 for power, suffix in enumerate(("k", "M", "G", "T", "P", "E"), start=1)}
@@ -80,7 +80,7 @@ def _int_field(profile: dict[str, Any], key: str, name: str) -> int:
 def node_allocatable(node: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any] | None:
     """What one node has for the dinops pods, after the cluster's own pods and the kubelet's reservations.
 
-    ``node`` keys: cluster (minikube, k3s or none), profile (the profile's name, for messages), host_vcpus,
+    ``node`` keys: cluster (minikube, k3s, docker or none), profile (the profile's name, for messages), host_vcpus,
     host_memory_mb (the host's, or its profile's host_memory_gb * 1024), gpu_count, cluster_cpus and
     cluster_memory_mb (the profile's minikube overrides, optional), gpu_replicas (time-slicing, k3s only).
     ``facts`` is facts/cluster.yml. Returns None for cluster none (a cluster of the user's: its size is unknown),
@@ -162,6 +162,10 @@ def _fmt_mem(mi: int) -> str:
     return f"{mi}Mi"
 
 
+def _cluster_of(overlay: str) -> str:
+    return {"k3s-gpu": "k3s", "docker-gpu": "docker"}.get(overlay, "minikube")
+
+
 def site_plan(settings: dict[str, Any]) -> dict[str, Any]:
     """What the layer of one host runs and with which requests, from its profile and its node.
 
@@ -172,7 +176,7 @@ def site_plan(settings: dict[str, Any]) -> dict[str, Any]:
     """
     overlay = settings["overlay"]
     profile = settings.get("profile") or "this host"
-    cluster = settings.get("cluster") or ("k3s" if overlay == "k3s-gpu" else "minikube")
+    cluster = settings.get("cluster") or _cluster_of(overlay)
     sharing = settings.get("gpu_sharing", "exclusive")
     facts = settings.get("cluster_facts") or {}
     if overlay == "minikube-gpu" or (cluster == "minikube" and overlay in GPU_OVERLAYS):
@@ -398,7 +402,8 @@ def proxy_literals(proxy_env: dict[str, Any] | None, cluster: str, facts: dict[s
 def site_kustomization(settings: dict[str, Any]) -> dict[str, Any]:
     """Build the generated ``kustomization.yaml`` of one host, the layer on top of one overlay.
 
-    ``settings`` keys: overlay, k8s_root (k8s/ relative to the layer's directory, default ..),
+    ``settings`` keys: overlay, k8s_root (k8s/ relative to the layer's directory, default ..), demo (the CPU demo's
+    synthetic dataset and short training),
     config ({app: {ENV: value}}), shm_size, storage_class (None keeps the overlay's), static_volumes, ingress,
     gpu_sharing, train, checkpoint_url and checkpoint_sha256 (a checkpoint fetched into the output volume for
     inference), image_tag and image_registry (every image), images (per image, winning: {name: {name, tag}} or the
@@ -425,6 +430,9 @@ def site_kustomization(settings: dict[str, Any]) -> dict[str, Any]:
         components.append(f"{root}/components/serve-on-cpu")
     if settings.get("static_volumes"):
         components.append(f"{root}/components/static-pv")
+    # The CPU demo: a synthetic dataset instead of COCO and a short training of a small model (k8s/components/demo).
+    if settings.get("demo"):
+        components.append(f"{root}/components/demo")
     if settings.get("ingress"):
         components.append(f"{root}/components/ingress")
     placement = settings.get("placement") or {}
@@ -446,7 +454,7 @@ def site_kustomization(settings: dict[str, Any]) -> dict[str, Any]:
         config.setdefault("serve", {})["DINO_CHECKPOINT"] = f"{CHECKPOINT_MOUNT}/pretrained/{filename}"
         config.setdefault("checkpoint", {})["DOWNLOAD_LOG_FORMAT"] = "json"
     # The pods that fetch from the internet go through the site's proxy, the cluster's own addresses do not.
-    cluster = settings.get("cluster") or ("k3s" if overlay == "k3s-gpu" else "minikube")
+    cluster = settings.get("cluster") or _cluster_of(overlay)
     proxies = proxy_literals(settings.get("proxy_env"), cluster, settings.get("cluster_facts") or {})
     for app in ("download", "checkpoint"):
         if proxies and apps[app]:

@@ -1,0 +1,405 @@
+"""The Docker runtime (dinops_cluster: docker): the rendered Kubernetes objects of a host's layer, as containers.
+
+One description of the workloads, two runtimes: the same kustomize layer that the Kubernetes runtime applies
+(k8s/base, the overlay, the components, the host's generated layer with its profile) is rendered, and this module
+translates its Jobs and Deployments into community.docker.docker_container parameters. Nothing about the apps is
+written here: images, commands, DINO_* settings (the ConfigMaps), volumes, /dev/shm, resources, probes and gates all
+come from the objects. tests/k8s/test_docker_runtime.py renders both from the same layer and fails when they drift.
+
+``dinops_docker_plan(objects, settings)`` returns {network, directories, containers} (see ``docker_plan``).
+``dinops_docker_job_state(info, container)`` says where a Job's container stands from docker_container_info.
+
+Sources of the Kubernetes and Docker semantics used below:
+- Pod fields: https://kubernetes.io/docs/reference/kubernetes-api/workload-resources/pod-v1/ (command is the
+  entrypoint, args its arguments: https://kubernetes.io/docs/tasks/inject-data-application/
+  define-command-argument-container/#notes).
+- allowPrivilegeEscalation false sets no_new_privs: https://kubernetes.io/docs/tasks/configure-pod-container/
+  security-context/ ; Docker's equivalent is --security-opt no-new-privileges
+  (https://docs.docker.com/reference/cli/docker/container/run/#security-opt).
+- CPU requests become cgroup shares as the kubelet computes them (milliCPU * 1024 / 1000):
+  kubernetes pkg/kubelet/cm/helpers_linux.go MilliCPUToShares; Docker's --cpu-shares takes the same number.
+- Restart policies: https://docs.docker.com/engine/containers/start-containers-automatically/ . A container that
+  the daemon stopped while shutting down (a host reboot) is not "manually stopped" and is restarted by its policy
+  on the next start; `docker stop`/`docker kill` by a user marks it manually stopped (moby daemon/kill.go:
+  `if !daemon.IsShuttingDown() { container.HasBeenManuallyStopped = true }`).
+- docker_container options: https://docs.ansible.com/ansible/latest/collections/community/docker/
+  docker_container_module.html (community.docker 4.8).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from typing import Any
+
+# The Kubernetes objects this runtime understands; anything else in the layer is refused by name.
+WORKLOAD_KINDS = ("Job", "Deployment")
+CONSUMED_KINDS = ("Namespace", "ConfigMap", "PersistentVolumeClaim", "Service", "PersistentVolume")
+# Kinds that only mean something on a cluster (an Ingress needs an ingress controller; the NodePort is published).
+CLUSTER_ONLY_KINDS = ("Ingress",)
+GPU_RESOURCE = "nvidia.com/gpu"
+HASH_LABEL = "dinops.io/template-sha256"
+KIND_LABEL = "dinops.io/kind"
+RUNTIME_LABEL = "dinops.io/runtime"
+# The image's entrypoint is tini (apps/images/*.Dockerfile); a gate runs in front of the main command under it.
+TINI = ["/usr/bin/tini", "--"]
+# Docker runs a health probe as a process inside the container (an interpreter start), not as the kubelet's direct
+# HTTP GET, so a probe's timeout gets a floor.
+PROBE_TIMEOUT_FLOOR_S = 5
+_MI = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024, "Ti": 1024 * 1024, "k": 1000 / 1048576, "M": 1e6 / 1048576}
+_MI |= {"G": 1e9 / 1048576, "T": 1e12 / 1048576, "": 1 / 1048576}
+
+
+# Every field of a pod and of a container the layer may hold: translated, or meaningful only to a scheduler. A field
+# outside these lists is refused, so that a change to the manifests cannot be silently dropped by this runtime.
+POD_FIELDS = {"containers", "initContainers", "volumes", "securityContext", "restartPolicy",
+              "terminationGracePeriodSeconds"}  # fmt: skip
+SCHEDULER_POD_FIELDS = {"tolerations", "nodeSelector", "affinity", "runtimeClassName", "priorityClassName"}
+CONTAINER_FIELDS = {"name", "image", "imagePullPolicy", "command", "args", "env", "envFrom", "ports", "resources",
+                    "securityContext", "volumeMounts", "readinessProbe", "livenessProbe", "startupProbe"}  # fmt: skip
+
+
+class DockerRuntimeError(ValueError):
+    """The layer holds something the Docker runtime cannot run; the message names the object."""
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise DockerRuntimeError(message)
+
+
+def _memory_mi(value: Any, where: str) -> int:
+    text = str(value)
+    for suffix in sorted(_MI, key=len, reverse=True):
+        if suffix and text.endswith(suffix):
+            number = text[: -len(suffix)]
+            break
+    else:
+        suffix, number = "", text
+    try:
+        return max(int(-(-float(number) * _MI[suffix] // 1)), 1)
+    except ValueError:
+        raise DockerRuntimeError(f"{where}: not a memory quantity: {value!r}") from None
+
+
+def _cpu_m(value: Any, where: str) -> int:
+    text = str(value)
+    try:
+        return int(text[:-1]) if text.endswith("m") else int(round(float(text) * 1000))
+    except ValueError:
+        raise DockerRuntimeError(f"{where}: not a CPU quantity: {value!r}") from None
+
+
+def _env(container: dict[str, Any], config_maps: dict[str, dict[str, str]], where: str) -> dict[str, str]:
+    """envFrom ConfigMaps first, then env entries (env wins, as in Kubernetes)."""
+    env: dict[str, str] = {}
+    for source in container.get("envFrom") or []:
+        ref = source.get("configMapRef") or {}
+        _require(bool(ref), f"{where}: envFrom supports configMapRef only, got {sorted(source)}")
+        name = ref.get("name")
+        _require(name in config_maps or ref.get("optional"), f"{where}: ConfigMap {name!r} is not in the layer")
+        env.update(config_maps.get(name, {}))
+    for item in container.get("env") or []:
+        _require(
+            "valueFrom" not in item, f"{where}: env {item.get('name')} uses valueFrom, which Docker cannot resolve"
+        )
+        env[str(item["name"])] = str(item.get("value", ""))
+    return env
+
+
+def _probe(probe: dict[str, Any] | None, ports: dict[str, int], startup: dict[str, Any] | None, where: str):
+    """A Kubernetes httpGet probe as a Docker healthcheck: python3 (in every image; there is no curl) GETs the path."""
+    if not probe:
+        return None
+    get = probe.get("httpGet")
+    _require(bool(get), f"{where}: only httpGet probes translate to a Docker healthcheck")
+    port = get.get("port")
+    port = ports.get(port) if isinstance(port, str) else int(port)
+    _require(port is not None, f"{where}: probe port {get.get('port')!r} is not a declared container port")
+    timeout = max(int(probe.get("timeoutSeconds") or 1), PROBE_TIMEOUT_FLOOR_S)
+    url = f"http://127.0.0.1:{port}{get.get('path') or '/'}"
+    code = f"import urllib.request; urllib.request.urlopen({url!r}, timeout={timeout})"
+    # The startup probe's budget (period x failures) is the time a start may take before failures count.
+    start = int((startup or {}).get("periodSeconds") or 10) * int((startup or {}).get("failureThreshold") or 0)
+    check = {
+        "test": ["CMD", "python3", "-c", code],
+        "interval": f"{int(probe.get('periodSeconds') or 10)}s",
+        "timeout": f"{timeout}s",
+        "retries": int(probe.get("failureThreshold") or 3),
+    }
+    # A start period of 0 means "the image's" to Docker (the images' HEALTHCHECK has its own), so at least 1 s.
+    check["start_period"] = f"{max(start, 1)}s"
+    return check
+
+
+def _gate(init: dict[str, Any], main: dict[str, Any], where: str) -> str:
+    """An init container as a gate in front of the main command, in the same container (Docker has no init
+    containers). Only when it can be the same process tree: same image, no command of its own."""
+    name = init.get("name")
+    _require(init.get("image") == main.get("image"), f"{where}: init container {name} needs the main image")
+    _require(not init.get("command"), f"{where}: init container {name} sets a command; only args translate")
+    mounts = {(m["name"], m["mountPath"]) for m in main.get("volumeMounts") or []}
+    extra = [m["mountPath"] for m in init.get("volumeMounts") or [] if (m["name"], m["mountPath"]) not in mounts]
+    _require(not extra, f"{where}: init container {name} mounts {extra}, which the main container does not")
+    return shlex.join([str(a) for a in init.get("args") or []])
+
+
+def _container(obj: dict[str, Any], index: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+    kind, name = obj["kind"], obj["metadata"]["name"]
+    where = f"{kind} {name}"
+    template = obj["spec"]["template"]
+    pod = template["spec"]
+    containers = pod.get("containers") or []
+    _require(
+        len(containers) == 1, f"{where}: the Docker runtime runs one container per workload, got {len(containers)}"
+    )
+    main = containers[0]
+    unknown = set(pod) - POD_FIELDS - SCHEDULER_POD_FIELDS
+    for container in [main, *(pod.get("initContainers") or [])]:
+        unknown |= {f"{container.get('name')}.{field}" for field in set(container) - CONTAINER_FIELDS}
+    _require(not unknown, f"{where}: the Docker runtime does not translate {sorted(unknown)}; teach "
+             "roles/workloads/filter_plugins/docker_runtime.py (and its test) what they mean")  # fmt: skip
+    security = pod.get("securityContext") or {}
+    csec = main.get("securityContext") or {}
+    ports = {p["name"]: int(p["containerPort"]) for p in main.get("ports") or [] if p.get("name")}
+    env = _env(main, index["config_maps"], where)
+    inits = pod.get("initContainers") or []
+    for init in inits:
+        _env(init, index["config_maps"], f"{where} init container {init.get('name')}")
+    argv = [str(a) for a in main.get("args") or []]
+    spec: dict[str, Any] = {"name": name, "kind": kind, "image": main["image"]}
+    if inits:
+        gates = " && ".join(_gate(init, main, where) for init in inits)
+        spec["entrypoint"] = [*TINI, "sh", "-c", f'{gates} && exec "$@"', "sh", *(main.get("command") or [])]
+        spec["command"] = argv
+    else:
+        if main.get("command"):
+            spec["entrypoint"] = [str(c) for c in main["command"]]
+        if argv:
+            spec["command"] = argv
+    spec["env"] = dict(sorted(env.items()))
+
+    # Volumes: claims are host directories; a memory emptyDir at /dev/shm is the shm size; other emptyDirs tmpfs.
+    volumes = {v["name"]: v for v in pod.get("volumes") or []}
+    mounts, shm = [], None
+    for mount in main.get("volumeMounts") or []:
+        volume = volumes.get(mount["name"])
+        _require(volume is not None, f"{where}: volumeMount {mount['name']} has no volume")
+        target = mount["mountPath"]
+        if "persistentVolumeClaim" in volume:
+            claim = volume["persistentVolumeClaim"]["claimName"]
+            _require(claim in index["claims"], f"{where}: claim {claim} is not in the layer")
+            read_only = bool(mount.get("readOnly") or volume["persistentVolumeClaim"].get("readOnly"))
+            source = f"{settings['data_dir'].rstrip('/')}/{claim}"
+            mounts.append({"type": "bind", "source": source, "target": target, "read_only": read_only})
+        elif "emptyDir" in volume:
+            empty = volume["emptyDir"] or {}
+            size = empty.get("sizeLimit")
+            if target == "/dev/shm":
+                _require(empty.get("medium") == "Memory", f"{where}: /dev/shm must be a Memory emptyDir")
+                shm = f"{_memory_mi(size or '64Mi', where)}m"
+                continue
+            tmpfs = {"type": "tmpfs", "target": target, "tmpfs_mode": "1777"}
+            if size:
+                tmpfs["tmpfs_size"] = f"{_memory_mi(size, where)}m"
+            mounts.append(tmpfs)
+        elif "configMap" in volume:
+            # The ConfigMap's keys as files in a host directory named after it (kustomize's name carries a hash of
+            # the content, so new content is a new directory and the container is recreated), mounted read-only.
+            ref = volume["configMap"]
+            _require(
+                ref.get("name") in index["config_maps"], f"{where}: ConfigMap {ref.get('name')!r} is not in the layer"
+            )
+            _require(not ref.get("items"), f"{where}: configMap volume {mount['name']}: items are not translated")
+            source = f"{settings['data_dir'].rstrip('/')}/.config/{ref['name']}"
+            for key, content in sorted(index["config_maps"][ref["name"]].items()):
+                index["files"][f"{source}/{key}"] = content
+            mounts.append({"type": "bind", "source": source, "target": target, "read_only": True})
+        else:
+            _require(False, f"{where}: volume {mount['name']} is {sorted(set(volume) - {'name'})}; the Docker "
+                     "runtime knows persistentVolumeClaim, emptyDir and configMap")  # fmt: skip
+    spec["mounts"] = mounts
+    if shm:
+        spec["shm_size"] = shm
+
+    # Resources: limits are the container's; requests are the cgroup weight and the memory reservation.
+    resources = main.get("resources") or {}
+    limits, requests = resources.get("limits") or {}, resources.get("requests") or {}
+    if "cpu" in limits:
+        spec["cpus"] = _cpu_m(limits["cpu"], where) / 1000
+    if "memory" in limits:
+        spec["memory"] = f"{_memory_mi(limits['memory'], where)}m"
+        # No swap beyond the limit, as on a kubelet node (swap off): memory_swap equal to memory.
+        spec["memory_swap"] = spec["memory"]
+    if "cpu" in requests:
+        spec["cpu_shares"] = max(_cpu_m(requests["cpu"], where) * 1024 // 1000, 2)
+    if "memory" in requests:
+        spec["memory_reservation"] = f"{_memory_mi(requests['memory'], where)}m"
+    gpus = int(limits.get(GPU_RESOURCE) or 0)
+    if gpus:
+        spec["device_requests"] = [{"driver": "nvidia", "count": gpus, "capabilities": [["gpu"]]}]
+
+    # Who runs it and how locked down.
+    user = csec.get("runAsUser", security.get("runAsUser"))
+    group = csec.get("runAsGroup", security.get("runAsGroup"))
+    if user is not None:
+        spec["user"] = f"{user}:{group}" if group is not None else str(user)
+    if security.get("fsGroup") is not None:
+        spec["groups"] = [str(security["fsGroup"])]
+    spec["read_only"] = bool(csec.get("readOnlyRootFilesystem"))
+    drop = (csec.get("capabilities") or {}).get("drop") or []
+    if drop:
+        spec["cap_drop"] = [str(c) for c in drop]
+    if csec.get("allowPrivilegeEscalation") is False:
+        spec["security_opts"] = ["no-new-privileges"]
+
+    # Kubernetes Jobs run to completion and are retried backoffLimit times; Deployments run for ever.
+    if kind == "Job":
+        spec["restart_policy"] = "on-failure"
+        spec["restart_retries"] = int(obj["spec"].get("backoffLimit", 6))
+    else:
+        spec["restart_policy"] = "unless-stopped"
+    spec["stop_timeout"] = int(pod.get("terminationGracePeriodSeconds", 30))
+    health = _probe(main.get("readinessProbe") or main.get("livenessProbe"), ports, main.get("startupProbe"), where)
+    if health:
+        spec["healthcheck"] = health
+
+    # Services: the container answers on the network by each Service's name; a NodePort is published on the host.
+    labels = template["metadata"].get("labels") or {}
+    aliases, published = [], []
+    for service in index["services"]:
+        selector = service["spec"].get("selector") or {}
+        if not selector or any(labels.get(k) != v for k, v in selector.items()):
+            continue
+        aliases.append(service["metadata"]["name"])
+        for port in service["spec"].get("ports") or []:
+            target = port.get("targetPort", port["port"])
+            target = ports.get(target) if isinstance(target, str) else int(target)
+            _require(target is not None, f"Service {service['metadata']['name']}: targetPort is not a port of {name}")
+            if service["spec"].get("type") == "NodePort" and port.get("nodePort"):
+                host_port = int(settings.get("node_ports", {}).get(int(port["nodePort"]), port["nodePort"]))
+                published.append(f"{settings.get('publish_address') or '0.0.0.0'}:{host_port}:{target}")
+    spec["networks"] = [{"name": settings["network"], "aliases": sorted(set(aliases) - {name})}]
+    if published:
+        spec["published_ports"] = published
+    component = labels.get("app.kubernetes.io/component", name)
+    spec["labels"] = {
+        "app.kubernetes.io/part-of": "dinops",
+        "app.kubernetes.io/name": name,
+        "app.kubernetes.io/component": component,
+        RUNTIME_LABEL: "docker",
+        KIND_LABEL: kind,
+    }
+    canonical = json.dumps(spec, sort_keys=True, separators=(",", ":"))
+    spec["labels"][HASH_LABEL] = hashlib.sha256(canonical.encode()).hexdigest()
+    return spec
+
+
+# The order in which containers are created: data first, then training, then serving and the client that calls it.
+ORDER = ("dinops-download", "dinops-checkpoint", "dinops-train", "dinops-serve", "dinops-client")
+
+
+def docker_plan(objects: list[dict[str, Any]], settings: dict[str, Any]) -> dict[str, Any]:
+    """The containers of a rendered layer.
+
+    ``settings``: data_dir (the host directory that holds one directory per claim), network (the bridge network's
+    name), publish_address (where NodePorts are published, default all addresses), node_ports ({nodePort: host
+    port}, to move one), owner ({uid, gid} of the claims' directories, default the pods' runAsUser/fsGroup).
+    Returns {network, directories: [{path, owner, group, mode}], files: [{path, content}] (configMap volumes),
+    containers: [docker_container parameters], names: [container names in start order]}.
+    """
+    _require(bool(settings.get("data_dir")), "workloads_docker_data_dir must be a directory on the host")
+    _require(str(settings["data_dir"]).startswith("/"), "workloads_docker_data_dir must be an absolute path")
+    _require(bool(settings.get("network")), "workloads_docker_network must name a Docker network")
+    index: dict[str, Any] = {"config_maps": {}, "claims": set(), "services": [], "files": {}}
+    workloads = []
+    for obj in objects:
+        if not obj:
+            continue
+        kind = obj.get("kind")
+        name = (obj.get("metadata") or {}).get("name")
+        if kind == "ConfigMap":
+            index["config_maps"][name] = {str(k): str(v) for k, v in (obj.get("data") or {}).items()}
+        elif kind == "PersistentVolumeClaim":
+            index["claims"].add(name)
+        elif kind == "Service":
+            index["services"].append(obj)
+        elif kind in WORKLOAD_KINDS:
+            workloads.append(obj)
+        else:
+            _require(kind in CONSUMED_KINDS or kind in CLUSTER_ONLY_KINDS,
+                     f"{kind} {name}: the Docker runtime cannot run this kind of object")  # fmt: skip
+    workloads.sort(
+        key=lambda o: (
+            ORDER.index(o["metadata"]["name"]) if o["metadata"]["name"] in ORDER else len(ORDER),
+            o["metadata"]["name"],
+        )
+    )
+    containers = [_container(obj, index, settings) for obj in workloads]
+    # The claims' directories, owned like the pods' fsGroup makes them on a cluster (group-writable, setgid).
+    owners = {}
+    for obj in workloads:
+        pod = obj["spec"]["template"]["spec"]
+        sec = pod.get("securityContext") or {}
+        for volume in pod.get("volumes") or []:
+            claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
+            if claim:
+                owners.setdefault(claim, (sec.get("runAsUser", 0), sec.get("fsGroup", sec.get("runAsGroup", 0))))
+    owner = settings.get("owner") or {}
+    directories = [
+        {
+            "path": f"{settings['data_dir'].rstrip('/')}/{claim}",
+            "owner": int(owner.get("uid", uid)),
+            "group": int(owner.get("gid", gid)),
+            "mode": "02775",
+        }
+        for claim, (uid, gid) in sorted(owners.items())
+    ]
+    return {
+        "network": settings["network"],
+        "directories": directories,
+        # Files of configMap volumes: {path, content}, readable by the containers' user, written before they start.
+        "files": [{"path": path, "content": content} for path, content in sorted(index["files"].items())],
+        "containers": containers,
+        "names": [c["name"] for c in containers],
+    }
+
+
+def docker_job_state(info: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
+    """Where a Job's container stands, from community.docker.docker_container_info's result.
+
+    state: missing (not created), stale (created from another template: recreate), complete (exited 0, same
+    template: leave it, as Kubernetes leaves a finished Job), running, restarting, failed (exited non-zero and its
+    restart policy gave up), created. message says why, with the exit code.
+    """
+    if not info.get("exists"):
+        return {"state": "missing", "message": f"{container['name']} does not exist"}
+    found = info.get("container") or {}
+    labels = (found.get("Config") or {}).get("Labels") or {}
+    if labels.get(HASH_LABEL) != container["labels"][HASH_LABEL]:
+        return {"state": "stale", "message": f"{container['name']} was created from another template"}
+    status = found.get("State") or {}
+    code = int(status.get("ExitCode") or 0)
+    restarts = int(found.get("RestartCount") or 0)
+    if status.get("Restarting"):
+        return {"state": "restarting", "message": f"{container['name']} is restarting after exit code {code}"}
+    if status.get("Running"):
+        return {"state": "running", "message": f"{container['name']} is running ({restarts} restart(s))"}
+    if status.get("Status") == "created":
+        return {"state": "created", "message": f"{container['name']} was created and never started"}
+    if status.get("Status") == "exited" and code == 0:
+        return {"state": "complete", "message": f"{container['name']} completed (exit 0)"}
+    retries = int(container.get("restart_retries") or 0)
+    if status.get("Status") == "exited" and code != 0 and restarts >= retries:
+        return {
+            "state": "failed",
+            "message": f"{container['name']} failed: exit code {code} after {restarts} restart(s) "
+            f"(restart_retries {retries}). Its log: docker logs {container['name']}",
+        }
+    return {"state": "exited", "message": f"{container['name']} exited with code {code} ({restarts} restart(s))"}
+
+
+class FilterModule:
+    def filters(self) -> dict[str, Any]:
+        return {"dinops_docker_plan": docker_plan, "dinops_docker_job_state": docker_job_state}

@@ -1,0 +1,259 @@
+"""One description of the workloads, two runtimes: the Docker runtime is the rendered Kubernetes layer, translated.
+
+Every Job and Deployment of a layer (the shipped GPU profiles on each cluster, the site variants and the Docker
+runtime's own) is rendered with kustomize and translated by roles/workloads/filter_plugins/docker_runtime.py. The
+tests read the pod spec independently and check that the container runs the same image, the same argv (with the
+dataset gate in front), the same environment as the pod (its ConfigMaps), the same mounts, limits, GPUs, /dev/shm,
+user and lock-down, and that the NodePort is published. A field the translation does not know is refused, so a
+change to the manifests cannot drift away from this runtime unnoticed.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from k8s.k8s_render import DOCKER_VARIANTS, SITE_VARIANTS, load_workloads_filters, render_site
+
+DOCKER = load_workloads_filters("docker_runtime")
+WORKLOADS = load_workloads_filters()
+SETTINGS = {"data_dir": "/var/lib/dinops/volumes", "network": "dinops"}
+ALL_VARIANTS = {**SITE_VARIANTS, **DOCKER_VARIANTS}
+
+
+@pytest.fixture(scope="module")
+def layers(tmp_path_factory) -> dict[str, list[dict]]:
+    root = tmp_path_factory.mktemp("docker-layers")
+    out = {}
+    for name, settings in ALL_VARIANTS.items():
+        objects = render_site(root, name, settings)
+        plan = WORKLOADS.site_plan(settings)
+        out[name] = WORKLOADS.prepare_objects(objects, plan["apps"]["train"], plan["apps"]["download"])
+    return out
+
+
+def _mi(text: str) -> int:
+    return WORKLOADS.quantity_mi(text)
+
+
+def _pod_env(container: dict, objects: list[dict]) -> dict[str, str]:
+    maps = {o["metadata"]["name"]: o.get("data") or {} for o in objects if o["kind"] == "ConfigMap"}
+    env = {}
+    for source in container.get("envFrom") or []:
+        env.update(maps[source["configMapRef"]["name"]])
+    env.update({e["name"]: e["value"] for e in container.get("env") or []})
+    return env
+
+
+@pytest.mark.parametrize("variant", sorted(ALL_VARIANTS))
+def test_each_workload_runs_the_same_in_docker(layers, variant):
+    objects = layers[variant]
+    plan = DOCKER.docker_plan(objects, SETTINGS)
+    workloads = [o for o in objects if o["kind"] in ("Job", "Deployment")]
+    assert sorted(plan["names"]) == sorted(o["metadata"]["name"] for o in workloads)
+    by_name = {c["name"]: c for c in plan["containers"]}
+    for obj in workloads:
+        pod = obj["spec"]["template"]["spec"]
+        main = pod["containers"][0]
+        got = by_name[obj["metadata"]["name"]]
+        where = f"{variant}: {obj['kind']} {obj['metadata']['name']}"
+        assert got["image"] == main["image"], where
+        # The argv the process gets: the init containers' commands first, then the main one (under tini).
+        inits = [" ".join(i["args"]) for i in pod.get("initContainers") or []]
+        if inits:
+            assert got["entrypoint"][:4] == ["/usr/bin/tini", "--", "sh", "-c"], where
+            assert got["entrypoint"][4] == " && ".join(inits) + ' && exec "$@"', where
+            assert got["command"] == main["args"], where
+        else:
+            assert got.get("command", []) == main.get("args", []), where
+            assert "entrypoint" not in got, where
+        assert got["env"] == _pod_env(main, objects), where
+        # Mounts: the same paths, claims as host directories, read-only where the pod's are.
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        expected = {}
+        for mount in main["volumeMounts"]:
+            volume = volumes[mount["name"]]
+            if mount["mountPath"] == "/dev/shm":
+                assert _mi(got["shm_size"][:-1] + "Mi") == _mi(volume["emptyDir"]["sizeLimit"]), where
+                continue
+            if "persistentVolumeClaim" in volume:
+                claim = volume["persistentVolumeClaim"]["claimName"]
+                expected[mount["mountPath"]] = ("bind", f"/var/lib/dinops/volumes/{claim}", bool(mount.get("readOnly")))
+            elif "configMap" in volume:
+                name = volume["configMap"]["name"]
+                expected[mount["mountPath"]] = ("bind", f"/var/lib/dinops/volumes/.config/{name}", True)
+                data = next(o["data"] for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == name)
+                files = {f["path"]: f["content"] for f in plan["files"]}
+                assert {k: files[f"/var/lib/dinops/volumes/.config/{name}/{k}"] for k in data} == data, where
+            else:
+                expected[mount["mountPath"]] = ("tmpfs", None, False)
+        mounts = {m["target"]: (m["type"], m.get("source"), bool(m.get("read_only"))) for m in got["mounts"]}
+        assert mounts == expected, where
+        # Resources: limits, GPUs, and requests as weight and reservation.
+        limits = main["resources"].get("limits", {})
+        requests = main["resources"].get("requests", {})
+        assert got["cpus"] == WORKLOADS.cpu_m(limits["cpu"]) / 1000, where
+        assert got["memory"] == f"{_mi(limits['memory'])}m" == got["memory_swap"], where
+        assert got["memory_reservation"] == f"{_mi(requests['memory'])}m", where
+        gpus = int(limits.get("nvidia.com/gpu", 0))
+        assert sum(r["count"] for r in got.get("device_requests", [])) == gpus, where
+        if gpus:
+            assert got["device_requests"][0]["capabilities"] == [["gpu"]], where
+        # Who runs it, locked down as the pod is.
+        assert got["user"] == "10001:10001", where
+        assert got["read_only"] is True and got["cap_drop"] == ["ALL"], where
+        assert got["security_opts"] == ["no-new-privileges"], where
+        if obj["kind"] == "Job":
+            assert got["restart_policy"] == "on-failure", where
+            assert got["restart_retries"] == obj["spec"]["backoffLimit"], where
+        else:
+            assert got["restart_policy"] == "unless-stopped", where
+        assert got["stop_timeout"] == pod.get("terminationGracePeriodSeconds", 30), where
+        probe = main.get("readinessProbe")
+        if probe:
+            assert probe["httpGet"]["path"] in got["healthcheck"]["test"][-1], where
+        assert got["labels"]["dinops.io/kind"] == obj["kind"], where
+        assert len(got["labels"]["dinops.io/template-sha256"]) == 64, where
+
+
+def test_the_demo_makes_synthetic_data_trains_the_tiny_model_and_publishes_the_client(layers):
+    plan = DOCKER.docker_plan(layers["docker-cpu-demo"], SETTINGS)
+    by_name = {c["name"]: c for c in plan["containers"]}
+    assert plan["names"] == ["dinops-download", "dinops-train", "dinops-serve", "dinops-client"]
+    assert by_name["dinops-download"]["command"][:3] == ["dinops", "synth", "--out=/data/coco"]
+    assert by_name["dinops-download"]["image"].startswith("dinops-train")
+    train = by_name["dinops-train"]
+    assert train["entrypoint"][4] == 'dinops data-ready --wait=0 && exec "$@"'
+    assert train["env"]["DINO_MODEL"] == "tiny" and train["env"]["DINO_DATA_ROOT"] == "/data/coco"
+    # The demo's own batch and loader settings win over the profile's defaults.
+    assert train["env"]["DINO_NUM_WORKERS"] == "0"
+    assert by_name["dinops-client"]["published_ports"] == ["0.0.0.0:30000:8080"]
+    assert by_name["dinops-client"]["env"]["DINO_API_URL"] == "http://dinops-serve:8000"
+    assert "published_ports" not in by_name["dinops-serve"]
+    assert all(c["networks"] == [{"name": "dinops", "aliases": []}] for c in plan["containers"])
+    # 2 vCPUs: everything that runs at once fits (facts/cluster.yml docker: 100m kept for the host).
+    assert sum(c["cpu_shares"] for c in plan["containers"]) * 1000 // 1024 <= 1900
+    assert plan["directories"] == [
+        {"path": f"/var/lib/dinops/volumes/{claim}", "owner": 10001, "group": 10001, "mode": "02775"}
+        for claim in ("dinops-dataset", "dinops-output")
+    ]
+
+
+def test_gpu_hosts_get_their_gpus_as_device_requests_and_proxies_reach_the_fetching_containers(layers):
+    plan = DOCKER.docker_plan(layers["docker-gpu-train-2"], SETTINGS)
+    by_name = {c["name"]: c for c in plan["containers"]}
+    assert by_name["dinops-train"]["device_requests"] == [{"driver": "nvidia", "count": 2, "capabilities": [["gpu"]]}]
+    assert "--nproc-per-node=2" in by_name["dinops-train"]["command"]
+    # Exclusive sharing: inference moves to CPU while training holds the GPUs.
+    assert "device_requests" not in by_name["dinops-serve"]
+    assert by_name["dinops-serve"]["env"]["DINO_DEVICE"] == "cpu"
+    assert by_name["dinops-checkpoint"]["env"]["HTTPS_PROXY"] == "http://proxy.example:3128"
+    assert by_name["dinops-download"]["env"]["https_proxy"] == "http://proxy.example:3128"
+    serve = DOCKER.docker_plan(layers["docker-gpu-serve"], SETTINGS)
+    assert {c["name"]: c.get("device_requests") for c in serve["containers"]}["dinops-serve"][0]["count"] == 1
+
+
+def test_a_changed_setting_changes_only_its_containers_template_label(layers):
+    objects = copy.deepcopy(layers["docker-cpu-demo"])
+    before = {
+        c["name"]: c["labels"]["dinops.io/template-sha256"] for c in DOCKER.docker_plan(objects, SETTINGS)["containers"]
+    }
+    for obj in objects:
+        if obj["kind"] == "ConfigMap" and obj["metadata"]["name"].startswith("dinops-serve-config"):
+            obj["data"]["DINO_THRESHOLD"] = "0.5"
+    after = {
+        c["name"]: c["labels"]["dinops.io/template-sha256"] for c in DOCKER.docker_plan(objects, SETTINGS)["containers"]
+    }
+    assert [name for name in before if before[name] != after[name]] == ["dinops-serve"]
+
+
+def _job(**pod_changes):
+    container = {"name": "work", "image": "dinops-train:1", "args": ["dinops", "train"]}
+    pod = {"containers": [container], "restartPolicy": "Never"}
+    for key, value in pod_changes.items():
+        if key.startswith("c_"):
+            container[key[2:]] = value
+        else:
+            pod[key] = value
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "dinops-train"},
+            "spec": {"backoffLimit": 2, "template": {"metadata": {"labels": {}}, "spec": pod}}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("job", "message"),
+    [
+        (_job(c_workingDir="/x"), "does not translate ['work.workingDir']"),
+        (_job(hostNetwork=True), "does not translate ['hostNetwork']"),
+        (_job(c_env=[{"name": "A", "valueFrom": {"fieldRef": {}}}]), "env A uses valueFrom"),
+        (_job(c_envFrom=[{"configMapRef": {"name": "missing"}}]), "ConfigMap 'missing' is not in the layer"),
+        (_job(c_readinessProbe={"exec": {"command": ["true"]}}), "only httpGet probes"),
+        (
+            _job(initContainers=[{"name": "w", "image": "other:1", "args": ["x"]}]),
+            "init container w needs the main image",
+        ),
+        (
+            _job(
+                c_volumeMounts=[{"name": "h", "mountPath": "/h"}], volumes=[{"name": "h", "hostPath": {"path": "/h"}}]
+            ),
+            "knows persistentVolumeClaim, emptyDir and configMap",
+        ),
+        (_job(containers=[{"name": "a", "image": "i"}, {"name": "b", "image": "i"}]), "one container per workload"),
+        (_job(c_resources={"limits": {"memory": "lots"}}), "not a memory quantity: 'lots'"),
+    ],
+)
+def test_what_docker_cannot_run_is_refused_by_name(job, message):
+    with pytest.raises(
+        DOCKER.DockerRuntimeError, match=".*" + message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")
+    ):
+        DOCKER.docker_plan([job], SETTINGS)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [({"data_dir": "relative", "network": "dinops"}, "absolute path"), ({"data_dir": "/d", "network": ""}, "network")],
+)
+def test_bad_settings_name_the_variable(settings, message):
+    with pytest.raises(DOCKER.DockerRuntimeError, match=message):
+        DOCKER.docker_plan([], settings)
+
+
+def test_kinds_docker_cannot_run_are_refused():
+    with pytest.raises(DOCKER.DockerRuntimeError, match="CronJob nightly: the Docker runtime cannot run"):
+        DOCKER.docker_plan([{"kind": "CronJob", "metadata": {"name": "nightly"}}], SETTINGS)
+
+
+# docker_container_info's answers (community.docker 4.8: {exists, container: docker inspect's object}), trimmed.
+def _info(status: str, code: int, restarts: int = 0, hash_: str = "h" * 64, running: bool = False) -> dict:
+    return {
+        "exists": True,
+        "container": {
+            "Config": {"Labels": {"dinops.io/template-sha256": hash_}},
+            "RestartCount": restarts,
+            "State": {"Status": status, "Running": running, "Restarting": status == "restarting", "ExitCode": code},
+        },
+    }
+    # fmt: skip
+
+
+JOB = {"name": "dinops-download", "restart_retries": 4, "labels": {"dinops.io/template-sha256": "h" * 64}}
+
+
+@pytest.mark.parametrize(
+    ("info", "state"),
+    [
+        ({"exists": False, "container": None}, "missing"),
+        (_info("exited", 0, hash_="x" * 64), "stale"),
+        (_info("running", 0, running=True), "running"),
+        (_info("restarting", 137, restarts=1), "restarting"),
+        (_info("created", 0), "created"),
+        (_info("exited", 0), "complete"),
+        (_info("exited", 2, restarts=4), "failed"),
+        (_info("exited", 143, restarts=1), "exited"),
+    ],
+)
+def test_where_a_job_container_stands(info, state):
+    got = DOCKER.docker_job_state(info, JOB)
+    assert got["state"] == state, json.dumps(got)
+    if state == "failed":
+        assert "exit code 2 after 4 restart(s)" in got["message"] and "docker logs dinops-download" in got["message"]
