@@ -92,8 +92,9 @@ def test_example_inventory_loads_into_minikube(tmp_path):
 
 
 def test_local_inventory_follows_the_gpu_decision(tmp_path):
-    """No GPU facts here: the local inventory's cluster is none, so nothing is loaded; asked for minikube, it is."""
-    assert resolve(tmp_path, REPO / "inventories/local") == {"localhost": {"cluster": "none", "load": "none"}}
+    """No GPU facts here: the local inventory's cluster is the Docker runtime (the CPU demo), whose images stay in the
+    host's Docker, so nothing is loaded; asked for minikube, they are."""
+    assert resolve(tmp_path, REPO / "inventories/local") == {"localhost": {"cluster": "docker", "load": "none"}}
     resolved = resolve(tmp_path, REPO / "inventories/local", "-e", "dinops_cluster=minikube")
     assert resolved == {"localhost": {"cluster": "minikube", "load": "minikube"}}
 
