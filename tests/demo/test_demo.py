@@ -8,7 +8,7 @@ What is checked, in order, on one run of the whole stack:
 3. Training finishes; inference picks up the final checkpoint by itself (it reloads a changed checkpoint).
 4. A real Chromium uploads a validation image to the client on port 30000 and finds boxes drawn, labelled with the
    dataset's names (circle, square, triangle), never COCO's; the screenshot is the README's.
-5. A second site.yml changes nothing (changed=0).
+5. A second site.yml changes nothing (changed=0); a changed inference setting recreates dinops-serve alone.
 6. A teardown removes the containers and keeps the data; the workloads stage brings them back on the same dataset
    and checkpoint (inference is ready at once, training has nothing left to do).
 
@@ -206,6 +206,18 @@ def test_a_second_run_changes_nothing(demo):
     recap = _recap(done.stdout)
     changed = re.findall(r"changed: \[localhost\].*", done.stdout)
     assert recap["changed"] == 0, changed
+
+
+def test_a_changed_setting_recreates_only_its_container(demo):
+    before = {name: _inspect(name)["Id"] for name in CONTAINERS}
+    extra = json.dumps({"workloads_config_extra": {"serve": {"DINO_THRESHOLD": "0.25"}}})
+    done, seconds = _playbook("playbooks/workloads.yml", "-e", extra, log="demo-workloads-changed.log")
+    print(f"demo: a changed inference setting rolled out in {seconds:.0f} s")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    after = {name: _inspect(name)["Id"] for name in CONTAINERS}
+    assert [name for name in CONTAINERS if before[name] != after[name]] == ["dinops-serve"]
+    assert "DINO_THRESHOLD=0.25" in _inspect("dinops-serve")["Config"]["Env"]
+    assert _healthz().get("model") == "ready"
 
 
 def test_teardown_keeps_the_data_and_the_workloads_come_back_on_it(demo):
