@@ -194,12 +194,21 @@ def _job(**pod_changes):
         ),
         (
             _job(
+                initContainers=[
+                    {"name": "w", "image": "dinops-train:1", "args": ["x"], "env": [{"name": "A", "value": "1"}]}
+                ]
+            ),
+            "init container w sets ['A'] unlike the main container",
+        ),
+        (
+            _job(
                 c_volumeMounts=[{"name": "h", "mountPath": "/h"}], volumes=[{"name": "h", "hostPath": {"path": "/h"}}]
             ),
             "knows persistentVolumeClaim, emptyDir and configMap",
         ),
         (_job(containers=[{"name": "a", "image": "i"}, {"name": "b", "image": "i"}]), "one container per workload"),
         (_job(c_resources={"limits": {"memory": "lots"}}), "not a memory quantity: 'lots'"),
+        (_job(c_resources={"limits": {"cpu": "two"}}), "not a CPU quantity: 'two'"),
     ],
 )
 def test_what_docker_cannot_run_is_refused_by_name(job, message):

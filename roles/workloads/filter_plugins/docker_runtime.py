@@ -29,16 +29,23 @@ Sources of the Kubernetes and Docker semantics used below:
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import shlex
+from pathlib import Path
 from typing import Any
+
+# The workloads filter, read by path as Ansible loads each plugin file on its own: one parser of Kubernetes
+# quantities and one name of the GPU resource for both runtimes.
+_SPEC = importlib.util.spec_from_file_location("dinops_workloads_for_docker", Path(__file__).with_name("workloads.py"))
+workloads = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(workloads)
 
 # The Kubernetes objects this runtime understands; anything else in the layer is refused by name.
 WORKLOAD_KINDS = ("Job", "Deployment")
 CONSUMED_KINDS = ("Namespace", "ConfigMap", "PersistentVolumeClaim", "Service", "PersistentVolume")
 # Kinds that only mean something on a cluster (an Ingress needs an ingress controller; the NodePort is published).
 CLUSTER_ONLY_KINDS = ("Ingress",)
-GPU_RESOURCE = "nvidia.com/gpu"
 HASH_LABEL = "dinops.io/template-sha256"
 KIND_LABEL = "dinops.io/kind"
 RUNTIME_LABEL = "dinops.io/runtime"
@@ -47,8 +54,6 @@ TINI = ["/usr/bin/tini", "--"]
 # Docker runs a health probe as a process inside the container (an interpreter start), not as the kubelet's direct
 # HTTP GET, so a probe's timeout gets a floor.
 PROBE_TIMEOUT_FLOOR_S = 5
-_MI = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024, "Ti": 1024 * 1024, "k": 1000 / 1048576, "M": 1e6 / 1048576}
-_MI |= {"G": 1e9 / 1048576, "T": 1e12 / 1048576, "": 1 / 1048576}
 
 
 # Every field of a pod and of a container the layer may hold: translated, or meaningful only to a scheduler. A field
@@ -70,23 +75,16 @@ def _require(condition: bool, message: str) -> None:
 
 
 def _memory_mi(value: Any, where: str) -> int:
-    text = str(value)
-    for suffix in sorted(_MI, key=len, reverse=True):
-        if suffix and text.endswith(suffix):
-            number = text[: -len(suffix)]
-            break
-    else:
-        suffix, number = "", text
+    """A memory quantity in whole MiB (at least 1), by the rule the layer's sizing uses (workloads.quantity_mi)."""
     try:
-        return max(int(-(-float(number) * _MI[suffix] // 1)), 1)
-    except ValueError:
-        raise DockerRuntimeError(f"{where}: not a memory quantity: {value!r}") from None
+        return max(workloads.quantity_mi(value), 1)
+    except workloads.WorkloadsError as exc:
+        raise DockerRuntimeError(f"{where}: {exc}") from None
 
 
 def _cpu_m(value: Any, where: str) -> int:
-    text = str(value)
     try:
-        return int(text[:-1]) if text.endswith("m") else int(round(float(text) * 1000))
+        return workloads.cpu_m(value)
     except ValueError:
         raise DockerRuntimeError(f"{where}: not a CPU quantity: {value!r}") from None
 
@@ -166,7 +164,10 @@ def _container(obj: dict[str, Any], index: dict[str, Any], settings: dict[str, A
     env = _env(main, index["config_maps"], where)
     inits = pod.get("initContainers") or []
     for init in inits:
-        _env(init, index["config_maps"], f"{where} init container {init.get('name')}")
+        # The gate runs with the main container's environment: an init container that sees another one is refused.
+        init_env = _env(init, index["config_maps"], f"{where} init container {init.get('name')}")
+        differs = sorted(k for k, v in init_env.items() if env.get(k) != v)
+        _require(not differs, f"{where}: init container {init.get('name')} sets {differs} unlike the main container")
     argv = [str(a) for a in main.get("args") or []]
     spec: dict[str, Any] = {"name": name, "kind": kind, "image": main["image"]}
     if inits:
@@ -236,7 +237,7 @@ def _container(obj: dict[str, Any], index: dict[str, Any], settings: dict[str, A
         spec["cpu_shares"] = max(_cpu_m(requests["cpu"], where) * 1024 // 1000, 2)
     if "memory" in requests:
         spec["memory_reservation"] = f"{_memory_mi(requests['memory'], where)}m"
-    gpus = int(limits.get(GPU_RESOURCE) or 0)
+    gpus = int(limits.get(workloads.GPU_RESOURCE) or 0)
     if gpus:
         spec["device_requests"] = [{"driver": "nvidia", "count": gpus, "capabilities": [["gpu"]]}]
 
