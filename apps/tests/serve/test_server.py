@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -101,9 +102,16 @@ def test_concurrent_requests_are_batched(server):
 
 def test_logs_are_json_lines(server):
     requests.get(server["url"] + "/healthz", timeout=10)
-    entries = [json.loads(line) for line in server["log"].read_text().splitlines() if line.startswith("{")]
-    assert any(e["message"] == "model ready" and e["logger"] == "dinops.serve.runtime" for e in entries)
-    assert any(e["logger"] == "gunicorn.access" and "/healthz" in e["message"] for e in entries)
+
+    def entries() -> list[dict]:
+        return [json.loads(line) for line in server["log"].read_text().splitlines() if line.startswith("{")]
+
+    # gunicorn writes the access line after the response has gone out: give the worker a moment to write it
+    deadline = time.monotonic() + 10
+    while not any(e["logger"] == "gunicorn.access" and "/healthz" in e["message"] for e in entries()):
+        assert time.monotonic() < deadline, "no gunicorn.access line for /healthz within 10 s"
+        time.sleep(0.1)
+    assert any(e["message"] == "model ready" and e["logger"] == "dinops.serve.runtime" for e in entries())
 
 
 def test_model_load_errors_name_the_file(checkpoint, tmp_path):
