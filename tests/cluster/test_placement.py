@@ -168,8 +168,16 @@ def test_requests_node_is_the_allocatable_when_cluster_facts_are_given():
 
 
 def test_several_nodes_without_shared_storage_fail_naming_the_variable():
-    with pytest.raises(PlacementError, match="workloads_shared_storage_class.*ReadWriteMany"):
+    with pytest.raises(PlacementError, match="workloads_shared_storage_class and workloads_nfs_server.*ReadWriteMany"):
         placement([node(TRAIN), node(INFER)], {"shared_storage_class": ""})
+
+
+def test_several_nodes_with_a_data_server_need_no_storage_class():
+    # The NFS component's static volumes are ReadWriteMany: no class, no claim patch, the node selectors stay.
+    result = placement([node(TRAIN), node(INFER)], {"shared_storage_class": "", "nfs": True})
+    assert result["components"] == []
+    assert not [p for p in result["patches"] if p.get("target") == {"kind": "PersistentVolumeClaim"}]
+    assert selectors(result)["dinops-train"] == {"dinops.io/train": "true"}
 
 
 def test_static_volumes_refused_on_several_nodes():

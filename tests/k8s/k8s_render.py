@@ -196,3 +196,70 @@ DOCKER_VARIANTS = {
     "docker-gpu-serve": {"overlay": "docker-gpu", "cluster": "docker", "train": False, "shm_size": "8Gi",
                          "node": docker_node(gpu_count=1, vcpus=8, memory_mb=32768), "cluster_facts": FACTS},
 }  # fmt: skip
+
+
+# --- k3s across hosts: a train host and an inference host sharing the data server's NFS exports ------------------
+def _load_role_plugin(role: str, name: str):
+    path = REPO / "roles" / role / "filter_plugins" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"dinops_{role}_{name}_render", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+WORKLOADS_DEFAULTS = yaml.safe_load((REPO / "roles" / "workloads" / "defaults" / "main.yml").read_text())
+NFS_SETTINGS = {
+    "server": "10.0.1.5",
+    "paths": WORKLOADS_DEFAULTS["workloads_nfs_paths"],
+    "mount_options": WORKLOADS_DEFAULTS["workloads_nfs_mount_options"],
+}
+
+
+def multinode_settings(train_profile: dict, serve_profile: dict, storage: str) -> dict:
+    """What render.yml passes on the k3s server of a two-host cluster: the train host's profile (the playbook's host)
+    with placement over both nodes; storage 'nfs' (a data server) or 'class' (workloads_shared_storage_class)."""
+    placement_plugin = _load_role_plugin("workloads", "placement")
+    k3s_nodes = _load_role_plugin("k3s", "k3s_nodes")
+    nodes = []
+    # The inference host takes inference and the client only (a machine's workloads, cloud_machines_list).
+    hosts = (
+        ("train-1", train_profile, list(train_profile["workloads"])),
+        ("infer-1", serve_profile, [w for w in serve_profile["workloads"] if w in ("inference", "client")]),
+    )
+    for host, profile, taken in hosts:
+        nodes.append(
+            {
+                "name": host,
+                "labels": k3s_nodes.node_labels(profile.get("gpu_count", 1), taken),
+                "gpu_count": profile.get("gpu_count", 1),
+                "host_vcpus": profile["host_vcpus"],
+                "host_memory_gb": float(profile["host_memory_gb"]),
+                "workloads": taken,
+            }
+        )
+    placement = placement_plugin.placement(
+        nodes,
+        {
+            "shared_storage_class": "nfs-csi" if storage == "class" else "",
+            "nfs": storage == "nfs",
+            "train": True,
+            "cluster_facts": FACTS,
+        },
+    )
+    settings = profile_settings(train_profile, "k3s", True)
+    settings["workloads"] = sorted({*train_profile["workloads"], *serve_profile["workloads"]})
+    settings["placement"] = placement
+    if storage == "nfs":
+        settings["nfs"] = NFS_SETTINGS
+    return settings
+
+
+TRAIN_PROFILES = {n: p for n, p in PROFILES.items() if "train" in p["workloads"] and p.get("host_vcpus")}
+SERVE_PROFILES = {n: p for n, p in PROFILES.items() if "inference" in p["workloads"] and p.get("host_vcpus")}
+MULTINODE_VARIANTS = {
+    f"multinode-{train}-{serve}-{storage}": multinode_settings(TRAIN_PROFILES[train], SERVE_PROFILES[serve], storage)
+    for train in sorted(TRAIN_PROFILES)
+    for serve in sorted(SERVE_PROFILES)[:1]
+    for storage in ("nfs", "class")
+}
+SITE_VARIANTS.update(MULTINODE_VARIANTS)

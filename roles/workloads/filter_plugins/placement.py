@@ -86,7 +86,8 @@ def placement(nodes: list[dict[str, Any]], settings: dict[str, Any] | None = Non
     """The generated layer's additions for a k3s cluster of ``nodes`` (see cluster_nodes).
 
     ``settings`` keys: shared_storage_class (workloads_shared_storage_class: a ReadWriteMany class every node can
-    mount), static_volumes (workloads_static_volumes), train and serve (whether those apps are deployed; default
+    mount), nfs (workloads_nfs_server is set: both volumes are static NFS volumes, ReadWriteMany),
+    static_volumes (workloads_static_volumes), train and serve (whether those apps are deployed; default
     true), cluster_facts (facts/cluster.yml, workloads_cluster_facts) and gpu_replicas (time-slicing). One node (or
     none: minikube): nothing to add, local-path ReadWriteOnce works. Several nodes: the components and patches
     below, and ``requests_node`` {app: {cpu_m, memory_mi, gpus}}: what the smallest node the app may land on
@@ -107,12 +108,13 @@ def placement(nodes: list[dict[str, Any]], settings: dict[str, Any] | None = Non
         "(" + ", ".join(names) + "). Turn it off and set workloads_shared_storage_class to a ReadWriteMany class.",
     )
     storage_class = str(settings.get("shared_storage_class") or "")
+    nfs = bool(settings.get("nfs"))
     _require(
-        bool(storage_class),
-        f"workloads_shared_storage_class is empty, but this k3s cluster has {len(nodes)} nodes ("
-        + ", ".join(names)
-        + "): k3s' local-path volumes stay on one node, so the dataset and the output need a ReadWriteMany "
-        "StorageClass that every node mounts (for example an NFS class such as nfs-csi from csi-driver-nfs).",
+        bool(storage_class) or nfs,
+        f"workloads_shared_storage_class and workloads_nfs_server are empty, but this k3s cluster has {len(nodes)} "
+        "nodes (" + ", ".join(names) + "): k3s' local-path volumes stay on one node, so the dataset and the output "
+        "need shared storage that every node mounts: a data server (inventory group data_servers, or "
+        "workloads_nfs_server) or a ReadWriteMany StorageClass (for example nfs-csi from csi-driver-nfs).",
     )
 
     # Download needs a train node only when training runs; otherwise it may fill the shared volume anywhere.
@@ -135,6 +137,8 @@ def placement(nodes: list[dict[str, Any]], settings: dict[str, Any] | None = Non
         patches.append(_node_selector_patch(kind, name, label))
         requests_node[app] = _smallest([sizes[node["name"]] for node in candidates])
     requests_node["client"] = _smallest(list(sizes.values()))
+    if nfs:  # the NFS component's static volumes are ReadWriteMany already (site_kustomization adds it)
+        return {"components": [], "patches": patches, "requests_node": requests_node}
     patches.append(
         {
             "target": {"kind": "PersistentVolumeClaim"},

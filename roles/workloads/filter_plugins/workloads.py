@@ -36,6 +36,14 @@ TRAIN_JOB = "dinops-train"
 DOWNLOAD_JOB = "dinops-download"
 # Kubernetes quantity: a number with an optional binary or decimal suffix.
 QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+# Both volumes on an NFS export (k8s/components/nfs-storage): the volumes the component adds, by claim.
+NFS_COMPONENT = "components/nfs-storage"
+NFS_VOLUMES = {"dataset": "dinops-dataset-nfs", "output": "dinops-output-nfs"}
+# A DNS name (RFC 1123 labels), an IPv4 address or a bracket-less IPv6 address: what a PV's nfs.server takes.
+NFS_SERVER = re.compile(
+    r"^([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
+)
+NFS_OPTION = re.compile(r"^[A-Za-z0-9_.=:/-]+$")
 
 
 class WorkloadsError(ValueError):
@@ -404,7 +412,8 @@ def site_kustomization(settings: dict[str, Any]) -> dict[str, Any]:
 
     ``settings`` keys: overlay, k8s_root (k8s/ relative to the layer's directory, default ..), demo (the CPU demo's
     synthetic dataset and short training),
-    config ({app: {ENV: value}}), shm_size, storage_class (None keeps the overlay's), static_volumes, ingress,
+    config ({app: {ENV: value}}), shm_size, storage_class (None keeps the overlay's), static_volumes, nfs
+    ({server, paths, mount_options}: both volumes on an NFS export, see nfs_patches), ingress,
     gpu_sharing, train, checkpoint_url and checkpoint_sha256 (a checkpoint fetched into the output volume for
     inference), image_tag and image_registry (every image), images (per image, winning: {name: {name, tag}} or the
     images stage's {app: 'name:tag'}).
@@ -435,6 +444,20 @@ def site_kustomization(settings: dict[str, Any]) -> dict[str, Any]:
         components.append(f"{root}/components/demo")
     if settings.get("ingress"):
         components.append(f"{root}/components/ingress")
+    nfs = settings.get("nfs") or {}
+    if nfs.get("server"):
+        _require(
+            not settings.get("static_volumes"),
+            "workloads_nfs_server and workloads_static_volumes both give the volumes; keep one (NFS for data that "
+            "outlives the host, hostPath volumes for one node)",
+        )
+        _require(
+            (settings.get("cluster") or _cluster_of(overlay)) != "docker",
+            "workloads_nfs_server is a cluster setting: the Docker runtime uses host directories "
+            "(workloads_docker_volumes_root/<claim>); mount the NFS exports there with nfs_client_mounts "
+            "(roles/nfs_client) and leave workloads_nfs_server empty",
+        )
+        components.append(f"{root}/{NFS_COMPONENT}")
     placement = settings.get("placement") or {}
     for component in placement.get("components") or []:
         components.append(f"{root}/{str(component).strip('/')}")
@@ -482,8 +505,10 @@ def site_kustomization(settings: dict[str, Any]) -> dict[str, Any]:
     for app, resources in sorted(plan["resources"].items()):
         patches.append(_resources_patch(app, resources))
     patches.extend(placement.get("patches") or [])
+    if nfs.get("server"):
+        patches.extend(nfs_patches(nfs))
     storage_class = settings.get("storage_class")
-    if storage_class and not settings.get("static_volumes"):
+    if storage_class and not settings.get("static_volumes") and not nfs.get("server"):
         patches.append(
             {
                 "target": {"kind": "PersistentVolumeClaim"},
@@ -516,6 +541,52 @@ def site_kustomization(settings: dict[str, Any]) -> dict[str, Any]:
     if images:
         kustomization["images"] = images
     return kustomization
+
+
+def nfs_patches(nfs: dict[str, Any]) -> list[dict[str, Any]]:
+    """The generated layer's patches of the NFS volumes: server, exported path per claim and mount options.
+
+    ``nfs`` keys: server (workloads_nfs_server: DNS name or address, no scheme, no port: NFSv4 uses 2049/tcp),
+    paths ({dataset, output}: absolute exported paths, workloads_nfs_paths) and mount_options (a list, one option
+    each, workloads_nfs_mount_options). kubelet passes the options to mount.nfs as they are and does not check
+    them (https://kubernetes.io/docs/concepts/storage/persistent-volumes/#mount-options), so they are checked here.
+    """
+    server = str(nfs.get("server") or "").strip()
+    _require(
+        bool(NFS_SERVER.match(server)) or (":" in server and all(c in "0123456789abcdefABCDEF:" for c in server)),
+        f"workloads_nfs_server must be a host name or an address (no scheme, no port, no path), got {server!r}",
+    )
+    paths = nfs.get("paths") or {}
+    _require(
+        isinstance(paths, dict) and set(paths) == set(NFS_VOLUMES),
+        f"workloads_nfs_paths must give exactly {', '.join(NFS_VOLUMES)}, got {paths!r}",
+    )
+    for claim, path in paths.items():
+        text = str(path)
+        _require(
+            text.startswith("/") and text != "/" and ".." not in text.split("/") and " " not in text,
+            f"workloads_nfs_paths.{claim} must be an absolute exported path below /, got {path!r}",
+        )
+    _require(
+        len({str(p).rstrip("/") for p in paths.values()}) == len(paths),
+        f"workloads_nfs_paths: the dataset and the output need their own exports, got {paths!r}",
+    )
+    options = nfs.get("mount_options") or []
+    _require(
+        isinstance(options, list) and all(isinstance(o, str) and NFS_OPTION.match(o) for o in options),
+        f"workloads_nfs_mount_options must be a list of single mount options such as 'nfsvers=4.2', got {options!r}",
+    )
+    patches = []
+    for claim, volume in NFS_VOLUMES.items():
+        ops = [
+            {"op": "replace", "path": "/spec/nfs/server", "value": server},
+            {"op": "replace", "path": "/spec/nfs/path", "value": str(paths[claim])},
+            {"op": "replace", "path": "/spec/mountOptions", "value": list(options)},
+        ]
+        if not options:
+            ops[-1] = {"op": "remove", "path": "/spec/mountOptions"}
+        patches.append({"target": {"kind": "PersistentVolume", "name": volume}, "patch": json.dumps(ops)})
+    return patches
 
 
 def _image_key(key: str) -> str:
