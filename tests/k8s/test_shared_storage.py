@@ -16,7 +16,6 @@ from k8s.k8s_render import (
     K8S,
     MULTINODE_VARIANTS,
     NFS_SETTINGS,
-    REPO,
     find,
     kustomize,
     load_workloads_filters,
@@ -126,4 +125,3 @@ BASE = {"overlay": "k3s-gpu", "train": True, "shm_size": "2Gi"}
 def test_bad_nfs_settings_name_the_variable(nfs, extra, message):
     with pytest.raises(filters.WorkloadsError, match=message):
         filters.site_kustomization({**BASE, **extra, "nfs": {**NFS_SETTINGS, **nfs}})
-
