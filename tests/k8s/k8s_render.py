@@ -75,6 +75,18 @@ SITE_VARIANTS = {
         "static_volumes": True,
         "storage_class": "ignored-with-static-volumes",
     },
+    # Checkpoints and results in S3, inference loading them from there, credentials from the Secret dinops-s3.
+    "cpu-s3-output": {
+        "overlay": "cpu",
+        "train": True,
+        "shm_size": "1Gi",
+        "s3": {
+            "output": "s3://dinops-runs/coco/run-1",
+            "endpoint": "http://10.0.1.5:9000",
+            "serve": True,
+            "secret": True,
+        },  # fmt: skip
+    },
     "cpu-storage-class": {"overlay": "cpu", "train": False, "shm_size": "512Mi", "storage_class": "fast-ssd"},
     "cpu-training-storage-class": {"overlay": "cpu", "train": True, "shm_size": "512Mi", "storage_class": "fast-ssd"},
     # The images stage's /etc/dinops/images.json: app -> reference, one content-hash tag per image.
@@ -170,7 +182,8 @@ def container_env(objects: list[dict], container: dict) -> dict[str, str]:
     """Explicit env plus the keys of every ConfigMap the container takes through envFrom."""
     env = {item["name"]: item.get("value", "") for item in container.get("env", [])}
     for source in container.get("envFrom", []):
-        env.update(find(objects, "ConfigMap", source["configMapRef"]["name"])["data"])
+        if "configMapRef" in source:  # a Secret's keys are not in the layer (k8s/components/s3-credentials)
+            env.update(find(objects, "ConfigMap", source["configMapRef"]["name"])["data"])
     return env
 
 

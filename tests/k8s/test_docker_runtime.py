@@ -42,6 +42,8 @@ def _pod_env(container: dict, objects: list[dict]) -> dict[str, str]:
     maps = {o["metadata"]["name"]: o.get("data") or {} for o in objects if o["kind"] == "ConfigMap"}
     env = {}
     for source in container.get("envFrom") or []:
+        if "secretRef" in source:  # an env file on the host, never in the plan (test_s3_layer.py)
+            continue
         env.update(maps[source["configMapRef"]["name"]])
     env.update({e["name"]: e["value"] for e in container.get("env") or []})
     return env

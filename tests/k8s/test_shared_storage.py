@@ -16,6 +16,7 @@ from k8s.k8s_render import (
     K8S,
     MULTINODE_VARIANTS,
     NFS_SETTINGS,
+    REPO,
     find,
     kustomize,
     load_workloads_filters,
@@ -125,3 +126,11 @@ BASE = {"overlay": "k3s-gpu", "train": True, "shm_size": "2Gi"}
 def test_bad_nfs_settings_name_the_variable(nfs, extra, message):
     with pytest.raises(filters.WorkloadsError, match=message):
         filters.site_kustomization({**BASE, **extra, "nfs": {**NFS_SETTINGS, **nfs}})
+
+
+def test_the_role_default_paths_are_the_data_server_exports():
+    """workloads_nfs_paths (what the volumes mount) and nfs_server's exports (what the data stage serves) agree."""
+    server = yaml.safe_load((REPO / "roles" / "nfs_server" / "defaults" / "main.yml").read_text())
+    exported = [export["path"] for export in server["nfs_server_exports"]]
+    for claim, path in NFS_SETTINGS["paths"].items():
+        assert path in exported, f"workloads_nfs_paths.{claim} {path} is not in nfs_server_exports {exported}"

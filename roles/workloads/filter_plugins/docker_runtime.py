@@ -90,11 +90,13 @@ def _cpu_m(value: Any, where: str) -> int:
 
 
 def _env(container: dict[str, Any], config_maps: dict[str, dict[str, str]], where: str) -> dict[str, str]:
-    """envFrom ConfigMaps first, then env entries (env wins, as in Kubernetes)."""
+    """envFrom ConfigMaps first, then env entries (env wins, as in Kubernetes). Secrets: see _secret_file."""
     env: dict[str, str] = {}
     for source in container.get("envFrom") or []:
+        if "secretRef" in source and len(source) == 1:
+            continue
         ref = source.get("configMapRef") or {}
-        _require(bool(ref), f"{where}: envFrom supports configMapRef only, got {sorted(source)}")
+        _require(bool(ref), f"{where}: envFrom supports configMapRef and secretRef only, got {sorted(source)}")
         name = ref.get("name")
         _require(name in config_maps or ref.get("optional"), f"{where}: ConfigMap {name!r} is not in the layer")
         env.update(config_maps.get(name, {}))
@@ -104,6 +106,18 @@ def _env(container: dict[str, Any], config_maps: dict[str, dict[str, str]], wher
         )
         env[str(item["name"])] = str(item.get("value", ""))
     return env
+
+
+def _secret_file(container: dict[str, Any], settings: dict[str, Any], where: str) -> str | None:
+    """A Secret in envFrom is a root-only env file on the host (data_dir/.secrets/<name>.env, written by the role
+    with no_log), handed to Docker as --env-file: the values never enter the plan, the facts or the logs. Docker's
+    -e wins over --env-file (https://docs.docker.com/reference/cli/docker/container/run/#env), so a key in both the
+    Secret and a ConfigMap takes the ConfigMap's value, where Kubernetes takes the later envFrom's: keep them apart."""
+    names = [s["secretRef"]["name"] for s in container.get("envFrom") or [] if "secretRef" in s]
+    _require(len(names) <= 1, f"{where}: the Docker runtime passes one Secret per container, got {names}")
+    if not names:
+        return None
+    return f"{settings['data_dir'].rstrip('/')}/.secrets/{names[0]}.env"
 
 
 def _probe(probe: dict[str, Any] | None, ports: dict[str, int], startup: dict[str, Any] | None, where: str):
@@ -180,6 +194,10 @@ def _container(obj: dict[str, Any], index: dict[str, Any], settings: dict[str, A
         if argv:
             spec["command"] = argv
     spec["env"] = dict(sorted(env.items()))
+    secret_file = _secret_file(main, settings, where)
+    if secret_file:
+        spec["env_file"] = secret_file
+        index["secrets"].add(secret_file)
 
     # Volumes: claims are host directories; a memory emptyDir at /dev/shm is the shm size; other emptyDirs tmpfs.
     volumes = {v["name"]: v for v in pod.get("volumes") or []}
@@ -308,12 +326,13 @@ def docker_plan(objects: list[dict[str, Any]], settings: dict[str, Any]) -> dict
     name), publish_address (where NodePorts are published, default all addresses), node_ports ({nodePort: host
     port}, to move one), owner ({uid, gid} of the claims' directories, default the pods' runAsUser/fsGroup).
     Returns {network, directories: [{path, owner, group, mode}], files: [{path, content}] (configMap volumes),
-    containers: [docker_container parameters], names: [container names in start order]}.
+    containers: [docker_container parameters], names: [container names in start order], secrets: [env file
+    paths of the Secrets the containers read]}.
     """
     _require(bool(settings.get("data_dir")), "workloads_docker_data_dir must be a directory on the host")
     _require(str(settings["data_dir"]).startswith("/"), "workloads_docker_data_dir must be an absolute path")
     _require(bool(settings.get("network")), "workloads_docker_network must name a Docker network")
-    index: dict[str, Any] = {"config_maps": {}, "claims": set(), "services": [], "files": {}}
+    index: dict[str, Any] = {"config_maps": {}, "claims": set(), "services": [], "files": {}, "secrets": set()}
     workloads = []
     for obj in objects:
         if not obj:
@@ -364,6 +383,8 @@ def docker_plan(objects: list[dict[str, Any]], settings: dict[str, Any]) -> dict
         "files": [{"path": path, "content": content} for path, content in sorted(index["files"].items())],
         "containers": containers,
         "names": [c["name"] for c in containers],
+        # Env files of Secrets (data_dir/.secrets/<name>.env) the containers need: the role writes or checks them.
+        "secrets": sorted(index["secrets"]),
     }
 
 

@@ -44,6 +44,11 @@ NFS_SERVER = re.compile(
     r"^([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
 )
 NFS_OPTION = re.compile(r"^[A-Za-z0-9_.=:/-]+$")
+# Checkpoints and results in S3 (dinops train --output-s3): the component giving the pods the Secret dinops-s3.
+S3_COMPONENT = "components/s3-credentials"
+# s3://bucket[/prefix]: bucket names are 3-63 lower-case letters, digits, dots and hyphens, starting and ending with
+# a letter or digit (https://docs.aws.amazon.com/AmazonS3/latest/userguide/bucketnamingrules.html).
+S3_URL = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\s]*)?$")
 
 
 class WorkloadsError(ValueError):
@@ -413,7 +418,8 @@ def site_kustomization(settings: dict[str, Any]) -> dict[str, Any]:
     ``settings`` keys: overlay, k8s_root (k8s/ relative to the layer's directory, default ..), demo (the CPU demo's
     synthetic dataset and short training),
     config ({app: {ENV: value}}), shm_size, storage_class (None keeps the overlay's), static_volumes, nfs
-    ({server, paths, mount_options}: both volumes on an NFS export, see nfs_patches), ingress,
+    ({server, paths, mount_options}: both volumes on an NFS export, see nfs_patches), s3 ({output, endpoint, serve,
+    secret}: checkpoints and results in S3, see s3_config), ingress,
     gpu_sharing, train, checkpoint_url and checkpoint_sha256 (a checkpoint fetched into the output volume for
     inference), image_tag and image_registry (every image), images (per image, winning: {name: {name, tag}} or the
     images stage's {app: 'name:tag'}).
@@ -462,6 +468,11 @@ def site_kustomization(settings: dict[str, Any]) -> dict[str, Any]:
     for component in placement.get("components") or []:
         components.append(f"{root}/{str(component).strip('/')}")
     config = {app: dict(values or {}) for app, values in (settings.get("config") or {}).items()}
+    s3 = settings.get("s3") or {}
+    for app, values in s3_config(s3).items():
+        config.setdefault(app, {}).update(values)
+    if s3.get("secret"):
+        components.append(f"{root}/{S3_COMPONENT}")
     checkpoint_url = settings.get("checkpoint_url") or ""
     if checkpoint_url:
         digest = str(settings.get("checkpoint_sha256") or "")
@@ -470,6 +481,10 @@ def site_kustomization(settings: dict[str, Any]) -> dict[str, Any]:
             f"workloads_checkpoint_url must be an http(s):// or s3:// URL of a file, got {checkpoint_url!r}",
         )
         _require(bool(SHA256.match(digest)), "workloads_checkpoint_sha256 must be the file's 64-digit sha256")
+    _require(
+        not (checkpoint_url and s3.get("serve")),
+        "workloads_checkpoint_url and workloads_s3_serve both give inference its checkpoint; keep one",
+    )
     if apps["checkpoint"]:
         components.append(f"{root}/components/checkpoint")
         filename = checkpoint_url.rsplit("/", 1)[1]
@@ -541,6 +556,51 @@ def site_kustomization(settings: dict[str, Any]) -> dict[str, Any]:
     if images:
         kustomization["images"] = images
     return kustomization
+
+
+def s3_config(s3: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """The apps' settings for checkpoints and results in S3: {app: {ENV: value}}.
+
+    ``s3`` keys: output (workloads_s3_output: s3://bucket/prefix, empty = off), endpoint (workloads_s3_endpoint:
+    http(s) URL of an S3-compatible service, empty = AWS), serve (workloads_s3_serve: inference loads the latest
+    checkpoint published there instead of the output volume's) and secret (the pods get the Secret dinops-s3).
+    """
+    output = str(s3.get("output") or "").strip()
+    endpoint = str(s3.get("endpoint") or "").strip()
+    if not output:
+        _require(not s3.get("serve"), "workloads_s3_serve needs workloads_s3_output (the s3:// prefix training writes)")
+        return {}
+    _require(
+        bool(S3_URL.match(output)),
+        f"workloads_s3_output must be s3://bucket or s3://bucket/prefix (bucket: 3-63 lower-case letters, digits, "
+        f"dots, hyphens), got {output!r}",
+    )
+    _require(
+        not endpoint or bool(re.match(r"^https?://[^\s/]+(/[^\s]*)?$", endpoint)),
+        f"workloads_s3_endpoint must be an http:// or https:// URL (or empty for AWS), got {endpoint!r}",
+    )
+    prefix = output.rstrip("/")
+    config = {"train": {"DINO_OUTPUT_S3": prefix}}
+    if s3.get("serve"):
+        # A prefix ending in / means the latest checkpoint training published there (its manifest).
+        config["serve"] = {"DINO_CHECKPOINT": prefix + "/"}
+    if endpoint:
+        for values in config.values():
+            values["DINO_S3_ENDPOINT"] = endpoint
+    return config
+
+
+def env_file(data: dict[str, Any]) -> str:
+    """KEY=value lines of an env file (Docker's --env-file: one variable per line, the value taken as it is, no
+    quoting: https://docs.docker.com/reference/cli/docker/container/run/#env). The values are never in messages."""
+    lines = []
+    for key, value in sorted((data or {}).items()):
+        _require(bool(re.match(r"^[A-Z_][A-Z0-9_]*$", str(key))), f"env file: {key!r} is not a variable name")
+        text = str(value)
+        _require("\n" not in text and "\r" not in text and text == text.strip(),
+                 f"env file: the value of {key} must be one line without surrounding blanks")  # fmt: skip
+        lines.append(f"{key}={text}")
+    return "".join(line + "\n" for line in lines)
 
 
 def nfs_patches(nfs: dict[str, Any]) -> list[dict[str, Any]]:
@@ -698,6 +758,7 @@ class FilterModule:
         return {
             "dinops_job_outcome": job_outcome,
             "dinops_site_kustomization": site_kustomization,
+            "dinops_env_file": env_file,
             "dinops_site_plan": site_plan,
             "dinops_node_allocatable": node_allocatable,
             "dinops_prepare_objects": prepare_objects,
