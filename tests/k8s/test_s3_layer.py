@@ -30,6 +30,9 @@ def test_training_and_inference_get_the_bucket_and_the_credentials(rendered_site
         assert container["envFrom"][0]["configMapRef"]["name"].startswith("dinops-")
         assert container["envFrom"][-1] == {"secretRef": {"name": "dinops-s3"}}
     assert "secretRef" not in str(pod_spec(find(objects, "Deployment", "dinops-client")))
+    # Room in /tmp for the checkpoint in use and the one a reload downloads.
+    volumes = {v["name"]: v for v in pod_spec(find(objects, "Deployment", "dinops-serve"))["volumes"]}
+    assert volumes["tmp"]["emptyDir"]["sizeLimit"] == "4Gi"
 
 
 def test_the_names_are_the_apps_settings():

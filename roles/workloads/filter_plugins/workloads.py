@@ -46,6 +46,7 @@ NFS_SERVER = re.compile(
 NFS_OPTION = re.compile(r"^[A-Za-z0-9_.=:/-]+$")
 # Checkpoints and results in S3 (dinops train --output-s3): the component giving the pods the Secret dinops-s3.
 S3_COMPONENT = "components/s3-credentials"
+S3_SERVE_TMP = "4Gi"
 # s3://bucket[/prefix]: bucket names are 3-63 lower-case letters, digits, dots and hyphens, starting and ending with
 # a letter or digit (https://docs.aws.amazon.com/AmazonS3/latest/userguide/bucketnamingrules.html).
 S3_URL = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\s]*)?$")
@@ -522,6 +523,13 @@ def site_kustomization(settings: dict[str, Any]) -> dict[str, Any]:
     patches.extend(placement.get("patches") or [])
     if nfs.get("server"):
         patches.extend(nfs_patches(nfs))
+    if s3.get("serve") and apps["serve"]:
+        # Inference downloads its checkpoint into /tmp (DINO_S3_CACHE_DIR empty): one in use and one during a
+        # reload; a 4-scale R50 checkpoint with its optimizer state is about 0.75 GB, over the base's 1Gi.
+        tmp = {"name": "tmp", "emptyDir": {"sizeLimit": S3_SERVE_TMP}}
+        patch = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "dinops-serve"},
+                 "spec": {"template": {"spec": {"volumes": [tmp]}}}}  # fmt: skip
+        patches.append({"patch": json.dumps(patch)})
     storage_class = settings.get("storage_class")
     if storage_class and not settings.get("static_volumes") and not nfs.get("server"):
         patches.append(
