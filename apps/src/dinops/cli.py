@@ -14,6 +14,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "synth": ("dinops.data.synth:main", "write a deterministic synthetic COCO-format dataset"),
     "train": ("dinops.train.main:main", "train DINO (single process or under torchrun)"),
     "data-ready": ("dinops.data.ready:main", "wait until the dataset's download completion marker is there"),
+    "cache": ("dinops.data.cache:main", "fill the local decoded-image cache of the train and val splits"),
     "eval": ("dinops.train.evaluate:main", "COCO bbox evaluation of a checkpoint"),
     "analyze": ("dinops.train.analyze:main", "plots and a summary from a training output directory"),
     "serve": ("dinops.serve.cli:main", "run the inference API"),

@@ -113,7 +113,7 @@ def test_raw_sample_and_cache(tmp_path, synth_root):
     image, target = plain[1]
     assert isinstance(image, tv_tensors.Image) and isinstance(target["boxes"], tv_tensors.BoundingBoxes)
     first = cached[1][0]
-    files = list((tmp_path / "cache").rglob("*.npy"))
+    files = list((tmp_path / "cache").rglob("*.img"))
     assert len(files) == 1
     assert torch.equal(first, image) and torch.equal(cached[1][0], image)
     again = CocoDetection(synth_root / "val2017", ann, cache_dir=tmp_path / "cache")  # a later run reuses the cache

@@ -11,7 +11,6 @@ dropped from training targets, as DINO does; evaluation uses the annotation file
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Callable
@@ -23,6 +22,8 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 from torchvision import tv_tensors
+
+from dinops.data.cache import CacheBudget, open_cache
 
 MAX_LISTED = 10  # problems listed in one error message; the count of the rest follows
 BOX_TOLERANCE = 1.0  # pixels a box may stick out of its image (rounding in exported datasets)
@@ -151,25 +152,6 @@ def class_counts(document: dict[str, Any]) -> tuple[int, int]:
     return num_classes, num_classes
 
 
-class ImageCache:
-    """Decoded images kept as ``.npy`` files on local disk, for datasets on slow network storage."""
-
-    def __init__(self, root: str | os.PathLike, namespace: str) -> None:
-        self.root = Path(root) / namespace
-        self.root.mkdir(parents=True, exist_ok=True)
-
-    def load(self, image_id: int, source: Path) -> np.ndarray:
-        cached = self.root / f"{image_id}.npy"
-        if cached.is_file():
-            return np.load(cached)
-        array = np.asarray(Image.open(source).convert("RGB"))
-        tmp = cached.with_name(f"{cached.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as fh:
-            np.save(fh, array)
-        os.replace(tmp, cached)  # workers racing on the same image each write a whole file
-        return array
-
-
 class CocoDetection(Dataset):
     """Images of one split with their (validated) annotations.
 
@@ -187,6 +169,7 @@ class CocoDetection(Dataset):
         transforms: Callable | None = None,
         seed: int | None = None,
         cache_dir: str | os.PathLike | None = None,
+        cache_budget: CacheBudget | None = None,
     ) -> None:
         self.image_dir = Path(image_dir)
         self.ann_file = Path(ann_file)
@@ -201,10 +184,10 @@ class CocoDetection(Dataset):
                 self.by_image[ann["image_id"]].append(ann)
         self.num_classes, self.dn_labelbook_size = class_counts(self.document)
         self.categories = categories(self.document)
-        # the same split maps to the same cache folder in every run (str hash() is salted per process)
-        source = f"{self.image_dir.resolve()}\n{self.ann_file.resolve()}".encode()
-        namespace = hashlib.sha256(source).hexdigest()[:16]
-        self.cache = ImageCache(cache_dir, namespace) if cache_dir else None
+        # decoded images on local disk, verified against the source (see dinops.data.cache)
+        self.cache = (
+            open_cache(cache_dir, self.image_dir, self.ann_file, self.images, cache_budget) if cache_dir else None
+        )
 
     def __len__(self) -> int:
         return len(self.images)
@@ -212,10 +195,17 @@ class CocoDetection(Dataset):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
+    def decode_source(self, img: dict) -> np.ndarray:
+        """The image's RGB pixels [H, W, 3] uint8 decoded from the dataset folder (writable)."""
+        with Image.open(self.image_dir / img["file_name"]) as image:
+            return np.array(image.convert("RGB"))
+
     def _read(self, img: dict) -> torch.Tensor:
-        source = self.image_dir / img["file_name"]
-        array = self.cache.load(img["id"], source) if self.cache else np.array(Image.open(source).convert("RGB"))
-        return torch.from_numpy(np.array(array, copy=not array.flags.writeable)).permute(2, 0, 1)
+        if self.cache is None:
+            array = self.decode_source(img)
+        else:
+            array = self.cache.load(img["id"], lambda: self.decode_source(img))
+        return torch.from_numpy(array).permute(2, 0, 1)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, dict[str, Any]]:
         img = self.images[index]

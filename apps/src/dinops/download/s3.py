@@ -1,27 +1,25 @@
 """S3-compatible storage (AWS, MinIO...) as a source of the archives or a place to stage them.
 
-Credentials and region come from boto3's usual environment (``AWS_ACCESS_KEY_ID``...); the endpoint from
-``--s3-endpoint``/``DOWNLOAD_S3_ENDPOINT``, else boto3's own ``AWS_ENDPOINT_URL``.
+The client, its credentials (boto3's standard chain only), retries and errors are those of every dinops app
+(:mod:`dinops.s3`); the endpoint comes from ``--s3-endpoint``/``DOWNLOAD_S3_ENDPOINT``, else boto3's own
+``AWS_ENDPOINT_URL``.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from urllib.parse import urlparse
 
+from dinops import s3
 from dinops.download.http import ChecksumError, Progress, verify
+from dinops.s3 import S3Error
 
-
-class S3Error(RuntimeError):
-    pass
+__all__ = ["S3Error", "Store", "key", "parse_url"]
 
 
 def parse_url(url: str) -> tuple[str, str]:
-    parsed = urlparse(url)
-    if parsed.scheme != "s3" or not parsed.netloc:
-        raise S3Error(f"{url!r} is not an s3://bucket/prefix URL")
-    return parsed.netloc, parsed.path.strip("/")
+    location = s3.parse_url(url)
+    return location.bucket, location.prefix
 
 
 def key(prefix: str, name: str) -> str:
@@ -30,30 +28,26 @@ def key(prefix: str, name: str) -> str:
 
 class Store:
     def __init__(self, endpoint: str, connections: int) -> None:
-        import boto3
         from boto3.s3.transfer import TransferConfig
 
-        self.client = boto3.client("s3", endpoint_url=endpoint or None)
+        self.client = s3.make_client(endpoint, connections=connections)
         self.transfer = TransferConfig(max_concurrency=connections, multipart_threshold=64 << 20)
-
-    def _errors(self):
-        import botocore.exceptions
-
-        return (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError)
 
     def download(self, url: str, name: str, target: Path, digests: dict[str, str], progress: Progress) -> None:
         bucket, prefix = parse_url(url)
         where = f"s3://{bucket}/{key(prefix, name)}"
         part = target.with_name(target.name + ".part")
+        head = s3.head(self.client, bucket, key(prefix, name))
+        if head is None:
+            raise S3Error(f"{where} does not exist")
+        progress.start(head["ContentLength"])
         try:
-            head = self.client.head_object(Bucket=bucket, Key=key(prefix, name))
-            progress.start(head["ContentLength"])
             self.client.download_file(
                 bucket, key(prefix, name), str(part), Callback=progress.update, Config=self.transfer
             )
-        except self._errors() as exc:
+        except s3.client_errors() as exc:
             part.unlink(missing_ok=True)
-            raise S3Error(f"{where}: {exc}") from exc
+            raise s3.failure(self.client, "downloading", bucket, key(prefix, name), exc) from exc
         try:
             verify(part, digests, where)
         except ChecksumError:
@@ -66,17 +60,13 @@ class Store:
         bucket, prefix = parse_url(url)
         object_key = key(prefix, path.name)
         metadata = {f"dinops-{a}": v for a, v in sorted(digests.items())}
-        try:
-            head = self.client.head_object(Bucket=bucket, Key=object_key)
-            if head["ContentLength"] == path.stat().st_size and head.get("Metadata", {}) == metadata:
-                return False
-        except self._errors() as exc:
-            if getattr(exc, "response", {}).get("Error", {}).get("Code") not in {"404", "NoSuchKey", "NotFound"}:
-                raise S3Error(f"s3://{bucket}/{object_key}: {exc}") from exc
+        head = s3.head(self.client, bucket, object_key)
+        if head is not None and head["ContentLength"] == path.stat().st_size and head.get("Metadata", {}) == metadata:
+            return False
         try:
             self.client.upload_file(
                 str(path), bucket, object_key, ExtraArgs={"Metadata": metadata}, Config=self.transfer
             )
-        except self._errors() as exc:
-            raise S3Error(f"uploading to s3://{bucket}/{object_key} failed: {exc}") from exc
+        except s3.client_errors() as exc:
+            raise s3.failure(self.client, "uploading to", bucket, object_key, exc) from exc
         return True

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dinops import logs
+from dinops import logs, s3
 from dinops.serve.settings import ENV_PREFIXES, SETTINGS
 from dinops.settings import SettingsError, add_arguments, resolve_from_env
 
@@ -73,6 +73,26 @@ def run_gunicorn(app_factory, options: dict[str, Any]) -> None:
     Server().run()
 
 
+def s3_checkpoint_usable(args: argparse.Namespace) -> bool:
+    """Before forking: the URL, the endpoint, the credentials and the object (a missing one only with
+    --wait-for-model) checked with one request; False after saying why on stderr."""
+    from dinops.serve.s3_checkpoint import S3Checkpoint
+
+    try:
+        found = S3Checkpoint(args.checkpoint, args.s3_endpoint, args.s3_cache_dir).identity()
+    except s3.S3Error as exc:
+        print(f"dinops serve: --checkpoint (DINO_CHECKPOINT) {args.checkpoint}: {exc}", file=sys.stderr)
+        return False
+    if found is None and not args.wait_for_model:
+        print(f"dinops serve: --checkpoint (DINO_CHECKPOINT) {args.checkpoint}: no such object", file=sys.stderr)
+        return False
+    if found is None:
+        log.warning(
+            "checkpoint %s does not exist yet: serving, waiting for a model (DINO_WAIT_FOR_MODEL)", args.checkpoint
+        )
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     args = get_args_parser().parse_args(argv)
     try:
@@ -81,8 +101,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dinops serve: {exc}", file=sys.stderr)
         return 2
     logs.configure(args.log_level, args.log_format)
+    if s3.is_s3_url(args.checkpoint) and not s3_checkpoint_usable(args):
+        return 2
     for name in ("checkpoint", "config", "class_names"):
         value = getattr(args, name)
+        if name == "checkpoint" and s3.is_s3_url(value):
+            continue
         if name == "checkpoint" and args.wait_for_model:
             if value and not Path(value).is_file():
                 log.warning(

@@ -13,8 +13,9 @@ bp = Blueprint("health", __name__)
 def healthz():
     """200 while the process answers, model or not; ``model`` is waiting, loading, ready or failed, and a failed load
     carries its ``error`` (the workloads stage reports it from here). ``loaded`` describes the model in use: its file,
-    the training position stored in it (``epoch``, ``step``, ``global_step``), the file's ``mtime``, where its class
-    names came from; ``reload`` (with DINO_RELOAD) counts reloads and carries the last failed one's ``error``."""
+    the training position stored in it (``epoch``, ``step``, ``global_step``), the file's ``mtime`` (for a checkpoint in
+    S3: its ``url``, ``etag``, ``size`` and ``sha256``), where its class names came from; ``reload`` (with
+    DINO_RELOAD) counts reloads and carries the last failed one's ``error``."""
     runtime = current_app.extensions["dino"]
     body = {"status": "alive", "model": runtime.model_state, "checkpoint": runtime.checkpoint}
     if runtime.model_state == "failed" and runtime.error:

@@ -19,6 +19,14 @@ started finishes on the old model and the next one runs on the new. A reload tha
 the ``ready`` state and reports ``reload.error`` on /healthz until a later file loads; a file that disappears keeps
 the loaded model too. Off (an explicit checkpoint without ``WAIT_FOR_MODEL``): a released model changes only through
 a roll-out, never under one replica's feet.
+
+A checkpoint in S3 (``CHECKPOINT`` ``s3://bucket/key.pth``, or ``s3://bucket/prefix/``: the checkpoint that the
+prefix's ``latest.json`` manifest names, see :mod:`dinops.train.s3_output`) is handled the same way: its identity
+is the object's ETag, size and sha256 metadata (the manifest's key, size and sha256 for a prefix); a missing object
+or manifest means ``waiting``. Before each load the object is downloaded into ``S3_CACHE_DIR`` (a ``.part`` file
+renamed into place once its size and sha256 match), and this worker's previous download is deleted after the swap.
+An S3 error while looking (unreachable endpoint, wrong credentials) is reported like a failed load and looked at
+again at the next poll.
 """
 
 from __future__ import annotations
@@ -34,9 +42,11 @@ from typing import Any
 
 from flask import Flask
 
+from dinops import s3
 from dinops.serve.batching import Batcher
 from dinops.serve.detector import Detector, Prediction, load_detector
 from dinops.serve.metrics import Metrics
+from dinops.serve.s3_checkpoint import ObjectIdentity, S3Checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +74,27 @@ def file_identity(path: Path) -> FileIdentity | None:
     except OSError:
         return None
     return FileIdentity(stat.st_ino, stat.st_size, stat.st_mtime_ns) if path.is_file() else None
+
+
+class LocalCheckpoint:
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+
+    def identity(self) -> FileIdentity | None:
+        return file_identity(self.path)
+
+    def fetch(self, identity: Any) -> Path:
+        return self.path
+
+    def loaded(self, path: Path) -> None:
+        pass
+
+
+def checkpoint_source(config: Any) -> LocalCheckpoint | S3Checkpoint:
+    checkpoint = str(config.get("CHECKPOINT") or "")
+    if s3.is_s3_url(checkpoint):
+        return S3Checkpoint(checkpoint, config.get("S3_ENDPOINT") or "", config.get("S3_CACHE_DIR") or "")
+    return LocalCheckpoint(checkpoint)
 
 
 def _utc_now() -> str:
@@ -96,6 +127,7 @@ class ModelRuntime:
         for name in MODEL_STATES:
             self.metrics.model_state.labels(name).set_function(lambda name=name: 1 if self.model_state == name else 0)
         self.checkpoint = str(app.config.get("CHECKPOINT") or "")
+        self.source = checkpoint_source(app.config) if app.config.get("DETECTOR") is None else None
         self.poll_s = float(app.config.get("MODEL_POLL_S") or 5.0)
         self._loader: Callable[[dict[str, Any]], Detector] = app.config.get("DETECTOR_LOADER") or load_detector
         if app.config.get("DETECTOR") is not None:
@@ -125,7 +157,10 @@ class ModelRuntime:
             self.waits_for_model = bool(self.config.get("WAIT_FOR_MODEL")) and from_file
             reload = str(self.config.get("RELOAD", "auto")).lower()
             self.follows = from_file and (reload == "true" or (reload == "auto" and self.waits_for_model))
-            missing = file_identity(Path(self.checkpoint)) is None
+            try:
+                missing = self.source is None or self.source.identity() is None
+            except s3.S3Error:  # the loader thread reports it
+                missing = False
             self.state = "waiting" if self.waits_for_model and missing else "loading"
         target = self._watch if self.waits_for_model or self.follows else self._load
         threading.Thread(target=target, name="dino-loader", daemon=True).start()
@@ -142,11 +177,16 @@ class ModelRuntime:
     def _watch(self) -> None:
         """Wait for the checkpoint and load it; after a failed load, try again when the file changes; with
         ``follows``, keep loading each new file (see the module docstring)."""
-        path = Path(self.checkpoint)
-        tried: FileIdentity | None = None  # the file last loaded or failed: not tried again until it changes
-        announced = False
+        path = self.checkpoint
+        tried: FileIdentity | ObjectIdentity | None = None  # the file last loaded or failed: not tried again until
+        announced = False  # it changes
         while not self._closed.is_set():
-            identity = file_identity(path)
+            try:
+                identity = self.source.identity()
+            except s3.S3Error as exc:
+                self._report_lookup_failure(exc)
+                self._closed.wait(self.poll_s)
+                continue
             if self.detector is None:
                 if identity is None:
                     tried = None
@@ -171,6 +211,16 @@ class ModelRuntime:
                 self._load_once(identity)
             self._closed.wait(self.poll_s)
 
+    def _report_lookup_failure(self, exc: Exception) -> None:
+        if self.detector is None:
+            if self.error != str(exc):
+                log.error("cannot look at %s: %s", self.checkpoint, exc)
+            self.state, self.error = "failed", str(exc)
+        else:
+            if self.reload_error != str(exc):
+                log.error("cannot look at %s (still serving the loaded model): %s", self.checkpoint, exc)
+            self.reload_error = str(exc)
+
     def _run_batch(self, images: Sequence[Any], sizes: Sequence[tuple[int, int]]) -> list[tuple[Prediction, Detector]]:
         """One batch on the detector in use when it starts; each result names the detector that computed it."""
         detector = self.detector
@@ -181,14 +231,23 @@ class ModelRuntime:
         keeps the loaded model and records ``reload_error``."""
         started = time.perf_counter()
         first = self.detector is None
-        if identity is None and self.checkpoint and self.config.get("DETECTOR") is None:
-            identity = file_identity(Path(self.checkpoint))
+        fetched: Path | None = None
         try:
+            if identity is None and self.checkpoint and self.source is not None:
+                identity = self.source.identity()
+            if isinstance(self.source, S3Checkpoint) and identity is None:
+                raise s3.S3Error(f"checkpoint {self.checkpoint} does not exist (DINO_CHECKPOINT)")
             if first and self.config["TORCH_THREADS"] > 0:
                 import torch
 
                 torch.set_num_threads(self.config["TORCH_THREADS"])
-            detector = self._loader(dict(self.config))
+            config = dict(self.config)
+            if isinstance(self.source, S3Checkpoint):
+                fetched = self.source.fetch(identity)
+                config["CHECKPOINT"] = str(fetched)
+            detector = self._loader(config)
+            if fetched is not None:  # the model's name is its S3 object, not the cache file
+                detector.info = {**detector.info, "checkpoint": identity.url, "cache": str(fetched)}
             warmup_s = detector.warm_up() if self.config["WARMUP"] else None
             if self.batcher is None:
                 self.batcher = Batcher(
@@ -199,6 +258,8 @@ class ModelRuntime:
                     observe=self.metrics.observe_batch,
                 )
         except Exception as exc:
+            if fetched is not None:
+                fetched.unlink(missing_ok=True)
             if first:
                 self.error = str(exc)
                 self.state = "failed"
@@ -217,6 +278,8 @@ class ModelRuntime:
             "loaded_at": _utc_now(),
         }
         self.detector = detector  # the swap: batches that start from now on run on this model
+        if fetched is not None:
+            self.source.loaded(fetched)
         self.reload_error = ""
         self.state = "ready"
         if not first:

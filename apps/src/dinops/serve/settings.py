@@ -14,7 +14,25 @@ ENV_PREFIXES = ("DINO_",)
 
 SETTINGS: tuple[Setting, ...] = (
     # Model
-    Setting("checkpoint", "", "checkpoint file (official DINO or dinops training output)", env="DINO_CHECKPOINT"),
+    Setting(
+        "checkpoint",
+        "",
+        "checkpoint file (official DINO or dinops training output), or s3://bucket/key.pth, or s3://bucket/prefix/ "
+        "(the latest checkpoint that `dinops train --output-s3` published there)",
+        env="DINO_CHECKPOINT",
+    ),
+    Setting(
+        "s3_endpoint",
+        "",
+        "S3 endpoint URL (MinIO...); empty = AWS, or boto3's AWS_ENDPOINT_URL",
+        env="DINO_S3_ENDPOINT",
+    ),
+    Setting(
+        "s3_cache_dir",
+        "",
+        "folder for checkpoints downloaded from S3 (empty: the system's temporary folder)",
+        env="DINO_S3_CACHE_DIR",
+    ),
     Setting(
         "config",
         "",
@@ -75,8 +93,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "reload",
         "auto",
-        "follow the checkpoint file: when it is replaced (new inode, size or mtime), load the new one in the "
-        "background and swap it in; a failed reload keeps the loaded model. auto: on with --wait-for-model",
+        "follow the checkpoint file: when it is replaced (new inode, size or mtime; in S3 a new ETag or manifest), "
+        "load the new one in the background and swap it in; a failed reload keeps the loaded model. auto: on with "
+        "--wait-for-model",
         env="DINO_RELOAD",
         choices=("auto", "true", "false"),
     ),

@@ -19,6 +19,11 @@ optimizer steps. SIGTERM (pod eviction, preemption) lets the current step finish
 exits 128 + the signal number (143), never 0: a pod that exits 0 counts as a completed Job, so an evicted run
 would end there instead of being retried; its retry continues where it stopped.
 
+S3 (``--output-s3 s3://bucket/prefix``): checkpoints, ``log.txt`` and ``config.json`` are also uploaded as they are
+written, the latest pointer (``latest.json``) last; ``--resume auto`` on a new VM fetches the latest checkpoint from
+there. Access is checked before training starts; a failed upload stops training with exit status 1 (see
+:mod:`dinops.train.s3_output`).
+
 Evaluation only: ``--eval true --resume PATH`` (or ``dinops eval``). Reports: console lines with ETA
 (``console.log``), ``log.txt`` (one JSON line per epoch, official DINO field names), TensorBoard events,
 ``name=value`` metric lines on stdout for Katib, optional profiler traces (``--profile-steps``).
@@ -35,22 +40,26 @@ import os
 import signal
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
 
+from dinops.data.cache import CacheBudget
 from dinops.data.coco import AnnotationError, CocoDetection
 from dinops.data.loader import ResumableBatchSampler, collate
 from dinops.data.ready import EXTRA_SETTINGS
 from dinops.data.transforms import eval_transforms, train_transforms
+from dinops.s3 import S3Error, parse_url
 from dinops.settings import SettingsError, add_arguments, check_unknown_env, resolve
 from dinops.train import checkpoints, dist
 from dinops.train.coco_eval import STAT_NAMES, evaluate
 from dinops.train.engine import Hooks, StepState, predict, train_one_epoch
 from dinops.train.logs import TensorBoard, append_log_txt, metric_lines, setup_logging, teardown_logging
 from dinops.train.model_setup import lr_factor, model_config, param_groups
+from dinops.train.s3_output import S3Output
 from dinops.train.settings import ENV_PREFIX, SETTINGS
 
 log = logging.getLogger("dinops.train")
@@ -72,17 +81,22 @@ def int_list(text: str, name: str) -> list[int]:
         raise SettingsError(f"{name}={text!r}: expected comma-separated integers") from None
 
 
+def fill_data_paths(args: argparse.Namespace) -> None:
+    """The split folders and annotation files that are not set explicitly, from DATA_ROOT's COCO 2017 layout."""
+    root = Path(args.data_root)
+    args.train_images = args.train_images or str(root / "train2017")
+    args.train_annotations = args.train_annotations or str(root / "annotations" / "instances_train2017.json")
+    args.val_images = args.val_images or str(root / "val2017")
+    args.val_annotations = args.val_annotations or str(root / "annotations" / "instances_val2017.json")
+
+
 def parse_args(argv: list[str] | None, environ: dict[str, str] | None = None) -> argparse.Namespace:
     """Flags, then DINO_* variables, then defaults; reject unknown variables and unusable values."""
     environ = dict(os.environ) if environ is None else environ
     args = get_args_parser().parse_args(argv)
     check_unknown_env(SETTINGS + EXTRA_SETTINGS, (ENV_PREFIX,), environ)
     args = resolve(args, SETTINGS, environ)
-    root = Path(args.data_root)
-    args.train_images = args.train_images or str(root / "train2017")
-    args.train_annotations = args.train_annotations or str(root / "annotations" / "instances_train2017.json")
-    args.val_images = args.val_images or str(root / "val2017")
-    args.val_annotations = args.val_annotations or str(root / "annotations" / "instances_val2017.json")
+    fill_data_paths(args)
     args.train_scales_list = int_list(args.train_scales, "--train-scales")
     args.crop_scales_list = int_list(args.crop_scales, "--crop-scales")
     args.crop_size_list = int_list(args.crop_size, "--crop-size")
@@ -118,6 +132,14 @@ def parse_args(argv: list[str] | None, environ: dict[str, str] | None = None) ->
     for name in ("pretrained", "backbone_weights"):
         if getattr(args, name) and not Path(getattr(args, name)).is_file():
             problems.append(f"--{name.replace('_', '-')} {getattr(args, name)}: no such file")
+    if args.output_s3:
+        try:
+            parse_url(args.output_s3, "--output-s3 (DINO_OUTPUT_S3)")
+        except S3Error as exc:
+            problems.append(str(exc))
+    endpoint = urllib.parse.urlparse(args.s3_endpoint)
+    if args.s3_endpoint and (endpoint.scheme not in ("http", "https") or not endpoint.netloc):
+        problems.append(f"--s3-endpoint (DINO_S3_ENDPOINT) {args.s3_endpoint!r}: expected http(s)://host[:port]")
     if problems:
         raise SettingsError("; ".join(problems))
     return args
@@ -147,18 +169,21 @@ def seed_everything(seed: int, deterministic: bool) -> None:
 
 
 def build_loaders(args: argparse.Namespace, world: int, rank: int, device: torch.device):
+    cache_budget = CacheBudget(args.cache_max_gb)  # shared by both splits, the training split first
     train_set = CocoDetection(
         args.train_images,
         args.train_annotations,
         train_transforms(args.train_scales_list, args.max_size, args.crop_scales_list, tuple(args.crop_size_list)),
         seed=args.seed,
         cache_dir=args.cache_dir or None,
+        cache_budget=cache_budget,
     )
     val_set = CocoDetection(
         args.val_images,
         args.val_annotations,
         eval_transforms(args.eval_size, args.max_size),
         cache_dir=args.cache_dir or None,
+        cache_budget=cache_budget,
     )
     try:
         train_sampler = ResumableBatchSampler(
@@ -225,6 +250,9 @@ def train(args: argparse.Namespace) -> int:
     output_dir.mkdir(parents=True, exist_ok=True)
     setup_logging(output_dir, rank == 0)
     seed_everything(args.seed + rank, args.deterministic)
+    mirror = S3Output.start(args, output_dir, rank)  # before any data is read: a bad bucket is a usage error
+    if args.resume == "auto":
+        mirror.restore()  # a new VM: the latest checkpoint from S3 into OUTPUT_DIR
 
     train_set, val_set, train_loader, val_loader = build_loaders(args, world, rank, device)
     num_classes = args.num_classes or train_set.num_classes
@@ -264,6 +292,7 @@ def train(args: argparse.Namespace) -> int:
             state = checkpoints.restore(
                 resume_from, bare, optimizer, scheduler, scaler, args.model_cfg, global_batch, rank
             )
+            mirror.catch_up(state)
         log.info("resumed from %s at epoch %d step %d", resume_from, state.epoch, state.step)
 
     if rank == 0:
@@ -273,6 +302,7 @@ def train(args: argparse.Namespace) -> int:
             "n_parameters": n_parameters,
         }
         (output_dir / "config.json").write_text(json.dumps(resolved, indent=2, default=str))
+        mirror.file(output_dir / "config.json")
     log.info(
         "model %s: %d trainable parameters; %d steps of %d images per epoch",
         args.model,
@@ -288,6 +318,8 @@ def train(args: argparse.Namespace) -> int:
                 json.dumps({"stats": dict(zip(STAT_NAMES, stats, strict=True)), "detections": detections})
             )
             metrics_out.info("\n".join(metric_lines({"bbox_ap": stats[0], "bbox_ap50": stats[1]})))
+            mirror.file(output_dir / "eval.json")
+        mirror.finish()
         dist.shutdown()
         return 0
 
@@ -301,7 +333,9 @@ def train(args: argparse.Namespace) -> int:
         if rank == 0:
             checkpoints.save_atomic(ckpt, output_dir / checkpoints.LATEST)
             log.info("checkpoint: epoch %d step %d -> %s", s.epoch, s.step, output_dir / checkpoints.LATEST)
+            mirror.checkpoint(output_dir / checkpoints.LATEST, s)
         dist.barrier()
+        mirror.raise_if_failed()  # an earlier upload failed: stop now, with this checkpoint written locally
 
     hooks = Hooks(
         should_stop=lambda: stop.requested,
@@ -348,6 +382,7 @@ def train(args: argparse.Namespace) -> int:
                 )
                 if rank == 0:
                     checkpoints.save_atomic(ckpt, output_dir / checkpoints.BEST)
+                    mirror.checkpoint(output_dir / checkpoints.BEST)
         record |= {
             "epoch": state.epoch - 1,
             "n_parameters": n_parameters,
@@ -357,10 +392,12 @@ def train(args: argparse.Namespace) -> int:
         save_latest(state)
         if rank == 0:
             if state.epoch % args.checkpoint_every == 0 or (state.epoch in args.lr_drop_list):
-                checkpoints.keep_copy(
+                numbered = checkpoints.keep_copy(
                     output_dir / checkpoints.LATEST, output_dir / checkpoints.numbered(state.epoch - 1)
                 )
+                mirror.checkpoint(numbered)
             append_log_txt(output_dir, record)
+            mirror.file(output_dir / "log.txt")
             ap = record.get("test_coco_eval_bbox", [math.nan])[0]
             epoch_values = {"epoch": state.epoch - 1, "loss": train_stats.get("loss", math.nan), "bbox_ap": ap}
             tensorboard.scalars(
@@ -375,6 +412,7 @@ def train(args: argparse.Namespace) -> int:
         profiler.stop()
     tensorboard.close()
     log.info("training time %.1f s", time.time() - began)
+    mirror.finish()  # every upload done, or S3Error: exit 1, never 0 with data missing in S3
     dist.shutdown()
     return status
 
@@ -392,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     except (SettingsError, AnnotationError, FileNotFoundError) as exc:
         log.error("dinops train: %s", exc)
         return 2
-    except FloatingPointError as exc:
+    except (FloatingPointError, S3Error) as exc:
         log.error("dinops train: %s", exc)
         return 1
     finally:

@@ -8,7 +8,7 @@ ignored). The resolved values are written to ``OUTPUT_DIR/config.json``. Default
 
 from __future__ import annotations
 
-from dinops.settings import Setting
+from dinops.settings import Setting, non_negative_float, non_negative_int
 
 ENV_PREFIX = "DINO_"
 PRESETS = ("dino-4scale-r50", "tiny")
@@ -33,6 +33,14 @@ SETTINGS: tuple[Setting, ...] = (
     _s("num_workers", 2, "data loader worker processes per training process", int),
     _s("pin_memory", True, "pin batches in page-locked memory (GPU only)", bool),
     _s("cache_dir", "", "local folder for decoded images (datasets on slow network storage); empty = off"),
+    _s(
+        "cache_max_gb",
+        0.0,
+        "largest size of the cache in GB (10^9 bytes), training split first, smallest images first; 0 = no bound "
+        "(1 GB of the disk stays free)",
+        non_negative_float,
+    ),
+    _s("cache_workers", 0, "parallel decoders of `dinops cache` (--workers); 0 = one per CPU core", non_negative_int),
     # model
     _s("model", "dino-4scale-r50", "model preset", choices=PRESETS),
     _s("model_overrides", "", "comma-separated DINOConfig overrides, e.g. 'hidden_dim=128,dec_layers=2'"),
@@ -69,6 +77,13 @@ SETTINGS: tuple[Setting, ...] = (
     _s("resume", "", "'auto' (latest in OUTPUT_DIR if any), a checkpoint path, or empty"),
     _s("checkpoint_every", 1, "keep a numbered checkpoint every K epochs (and at each learning-rate drop)", int),
     _s("checkpoint_steps", 1000, "also update the latest checkpoint every N optimizer steps (0 = per epoch only)", int),
+    _s(
+        "output_s3",
+        "",
+        "s3://bucket/prefix: also upload checkpoints, log.txt and config.json there; --resume auto fetches the "
+        "latest from it when OUTPUT_DIR has none (empty = off)",
+    ),
+    _s("s3_endpoint", "", "S3 endpoint URL (MinIO...); empty = AWS, or boto3's AWS_ENDPOINT_URL"),
     _s("eval_every", 1, "evaluate on the validation split every K epochs (0 = never during training)", int),
     _s("eval", False, "only evaluate the model (from --resume or --pretrained) and exit", bool),
     _s("num_select", 0, "detections kept per image for evaluation (0 = the model's num_select)", int),
