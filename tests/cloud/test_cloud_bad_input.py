@@ -29,6 +29,24 @@ CASES = {
         {"cloud_machines_list": [{"name": f"infer{n}", "profile": "t4"} for n in range(5)]},
         "5 machines requested but cloud_machines_max_instances is 4: nothing was created",
     ),
+    # One run, one error listing every problem of the data server (never a spot instance: it is always on).
+    "data-server-spot-typo-and-type": (
+        {
+            "cloud_machines_list": [T4],
+            "cloud_machines_data_server": {
+                "enabled": True,
+                "market": "spot",
+                "disk_gb": 50,
+                "instance_type": "p5.4xlarge",
+            },
+        },
+        "- cloud_machines_data_server: unknown keys ['disk_gb']; allowed: ['data_volume_gb', 'enabled', "
+        "'instance_type', 'market', 'name', 'root_volume_gb'] - cloud_machines_data_server: instance type "
+        "'p5.4xlarge' is not in cloud_machines_data_server_allowed_instance_types ['t3.medium', 't3.large', "
+        "'m6i.large', 'm7i.large']; add it there if you really mean to pay for it around the clock - "
+        "cloud_machines_data_server: market spot is refused: the data server is always on and AWS may reclaim a spot "
+        "instance at any time, cutting every GPU machine off its data; use on-demand",
+    ),
     "missing-public-key": (
         {"cloud_machines_list": [T4], "cloud_aws_ssh_public_key_file": "/nonexistent/id_ed25519.pub"},
         "SSH public key file /nonexistent/id_ed25519.pub not found",

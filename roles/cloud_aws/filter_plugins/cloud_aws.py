@@ -7,10 +7,23 @@ from typing import Any
 # Nitro instances (every GPU type in the default table) expose an EBS volume as an NVMe device whose serial is
 # the volume id without its dash; udev names it after that serial.
 NVME_EBS_BY_ID = "/dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_"
+# The Role tag of the data server's instance (GPU instances carry a GpuProfile tag instead); its data volume,
+# like every machine's, is tagged Role=data.
+DATA_SERVER_ROLE = "data-server"
 
 
 def _machine_tag(instance: dict[str, Any]) -> str | None:
     return (instance.get("tags") or {}).get("Machine")
+
+
+def _is_data_server(instance: dict[str, Any]) -> bool:
+    return (instance.get("tags") or {}).get("Role") == DATA_SERVER_ROLE
+
+
+def cloud_aws_planned_machines(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every machine cloud_up runs: the GPU machines, then the data server when the plan has one."""
+    data_server = plan.get("data_server")
+    return [*plan["machines"], *([data_server] if data_server else [])]
 
 
 def cloud_aws_outdated_instances(instances: list[dict[str, Any]], machines: list[dict[str, Any]]) -> list[dict]:
@@ -23,7 +36,10 @@ def cloud_aws_outdated_instances(instances: list[dict[str, Any]], machines: list
             continue
         profile = (instance.get("tags") or {}).get("GpuProfile")
         reasons = []
-        if profile != machine["profile"]:
+        was_data_server, is_data_server = _is_data_server(instance), machine.get("role") == DATA_SERVER_ROLE
+        if was_data_server != is_data_server:
+            reasons.append("data server -> GPU machine" if was_data_server else "GPU machine -> data server")
+        elif profile != machine["profile"]:
             reasons.append(f"profile {profile} -> {machine['profile']}")
         if instance.get("instance_type") != machine["instance_type"]:
             reasons.append(f"instance type {instance.get('instance_type')} -> {machine['instance_type']}")
@@ -38,17 +54,54 @@ def cloud_aws_unplanned_instances(instances: list[dict[str, Any]], machines: lis
     """Instances of this deployment that no planned machine describes (left alone by cloud_up)."""
     names = {m["name"] for m in machines}
     return [
-        {"machine": _machine_tag(i), "instance_id": i["instance_id"]} for i in instances if _machine_tag(i) not in names
+        {"machine": _machine_tag(i), "instance_id": i["instance_id"], "data_server": _is_data_server(i)}
+        for i in instances
+        if _machine_tag(i) not in names
     ]
 
 
 def cloud_aws_instance_tags(machine: dict[str, Any], common_tags: dict[str, str]) -> dict[str, str]:
     """Tags of a machine's instance: the deployment's tags plus what the dynamic inventory groups by."""
+    if machine.get("role") == DATA_SERVER_ROLE:
+        return {**common_tags, "Machine": machine["name"], "Role": DATA_SERVER_ROLE}
     return {
         **common_tags,
         "Machine": machine["name"],
         "GpuProfile": machine["profile"],
         "Workloads": ",".join(machine["workloads"]),
+    }
+
+
+def cloud_aws_host_groups(machine: dict[str, Any]) -> list[str]:
+    """The in-memory inventory groups of a launched machine, the same as the dynamic inventory's."""
+    if machine.get("role") == DATA_SERVER_ROLE:
+        return ["cloud_aws_launched", "data_servers"]
+    return ["cloud_aws_launched", "gpu_hosts", machine["profile"]]
+
+
+def cloud_aws_down_selection(
+    instances: list[dict[str, Any]], volumes: list[dict[str, Any]], down_data_server: bool, delete_data: bool
+) -> dict[str, Any]:
+    """What cloud_down terminates, deletes and keeps among this deployment's instances and data volumes.
+
+    The data server (Role tag data-server) is kept unless ``down_data_server``; its data volume is then kept even
+    with ``delete_data``, and so are the security group and key pair it still uses (``keep_shared``).
+    """
+
+    def entry(instance: dict[str, Any]) -> dict[str, Any]:
+        machine, instance_id = _machine_tag(instance), instance["instance_id"]
+        return {"machine": machine, "instance_id": instance_id, "label": f"{instance_id} ({machine})"}
+
+    kept = [entry(i) for i in instances if _is_data_server(i) and not down_data_server]
+    kept_machines = {k["machine"] for k in kept}
+    own_volumes = [v for v in volumes if (v.get("tags") or {}).get("Machine") in kept_machines]
+    other_volumes = [v for v in volumes if v not in own_volumes]
+    return {
+        "terminate": [entry(i) for i in instances if not (_is_data_server(i) and not down_data_server)],
+        "keep": kept,
+        "delete_volumes": [v["id"] for v in other_volumes] if delete_data else [],
+        "keep_volumes": [v["id"] for v in own_volumes + ([] if delete_data else other_volumes)],
+        "keep_shared": bool(kept),
     }
 
 
@@ -63,6 +116,7 @@ def cloud_aws_launched(instance_results: list[dict[str, Any]], data_device_name:
                 "machine": result["__cloud_aws_machine"],
                 "instance_id": instance["instance_id"],
                 "address": instance.get("public_ip_address") or instance.get("private_ip_address"),
+                "private_address": instance.get("private_ip_address"),
                 "data_volume_id": mapped[0]["ebs"]["volume_id"] if mapped else None,
             }
         )
@@ -88,9 +142,12 @@ def cloud_aws_data_device(volume_id: str) -> str:
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
+            "cloud_aws_planned_machines": cloud_aws_planned_machines,
             "cloud_aws_outdated_instances": cloud_aws_outdated_instances,
             "cloud_aws_unplanned_instances": cloud_aws_unplanned_instances,
             "cloud_aws_instance_tags": cloud_aws_instance_tags,
+            "cloud_aws_host_groups": cloud_aws_host_groups,
+            "cloud_aws_down_selection": cloud_aws_down_selection,
             "cloud_aws_data_device": cloud_aws_data_device,
             "cloud_aws_launched": cloud_aws_launched,
             "cloud_aws_with_volumes": cloud_aws_with_volumes,

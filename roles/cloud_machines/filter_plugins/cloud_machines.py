@@ -12,10 +12,13 @@ from typing import Any
 from ansible.errors import AnsibleFilterError
 
 MACHINE_KEYS = {"name", "profile", "root_volume_gb", "data_volume_gb", "market", "workloads"}
+DATA_SERVER_KEYS = {"enabled", "name", "instance_type", "root_volume_gb", "data_volume_gb", "market"}
 MARKETS = ("on-demand", "spot")
 # Machine names end up in host names, tag values and volume names.
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9-]{0,30}[a-z0-9]$")
 MIN_ROOT_VOLUME_GB = 30
+# The data server's root disk holds only the OS and the NFS server; its data lives on the data volume.
+MIN_DATA_SERVER_ROOT_VOLUME_GB = 20
 
 
 def _int_setting(machine: dict[str, Any], defaults: dict[str, Any], key: str, errors: list[str], where: str) -> int:
@@ -24,6 +27,14 @@ def _int_setting(machine: dict[str, Any], defaults: dict[str, Any], key: str, er
         errors.append(f"{where}: {key} must be a whole number of GB, got {value!r}")
         return 0
     return value
+
+
+def _check_volume_sizes(root_gb: int, data_gb: int, settings: dict[str, Any], errors: list[str], where: str) -> None:
+    for key, size in (("root_volume_gb", root_gb), ("data_volume_gb", data_gb)):
+        if size < 0 or size > settings["max_volume_gb"]:
+            errors.append(
+                f"{where}: {key} {size} is outside 0..{settings['max_volume_gb']} (cloud_machines_max_volume_gb)"
+            )
 
 
 def _machine_plan(
@@ -64,11 +75,7 @@ def _machine_plan(
     data_gb = _int_setting(machine, defaults, "data_volume_gb", errors, where)
     if root_gb and root_gb < MIN_ROOT_VOLUME_GB:
         errors.append(f"{where}: root_volume_gb {root_gb} is too small for the driver and images (>= 30)")
-    for key, size in (("root_volume_gb", root_gb), ("data_volume_gb", data_gb)):
-        if size < 0 or size > settings["max_volume_gb"]:
-            errors.append(
-                f"{where}: {key} {size} is outside 0..{settings['max_volume_gb']} (cloud_machines_max_volume_gb)"
-            )
+    _check_volume_sizes(root_gb, data_gb, settings, errors, where)
     market = machine.get("market", defaults.get("market"))
     if market not in MARKETS:
         errors.append(f"{where}: market must be one of {', '.join(MARKETS)}, got {market!r}")
@@ -86,6 +93,65 @@ def _machine_plan(
         "data_volume_gb": data_gb,
         "market": market,
         "workloads": workloads,
+        "role": "gpu",
+    }
+
+
+def _data_server_plan(
+    data_server: Any, settings: dict[str, Any], machine_names: list[str], errors: list[str]
+) -> dict[str, Any] | None:
+    """The always-on CPU machine that serves the data over NFS, or None when it is not enabled."""
+    where = "cloud_machines_data_server"
+    if not isinstance(data_server, dict):
+        errors.append(f"{where} must be a dict with enabled and optionally {sorted(DATA_SERVER_KEYS - {'enabled'})}")
+        return None
+    unknown_keys = sorted(set(data_server) - DATA_SERVER_KEYS)
+    if unknown_keys:
+        errors.append(f"{where}: unknown keys {unknown_keys}; allowed: {sorted(DATA_SERVER_KEYS)}")
+    enabled = data_server.get("enabled", False)
+    if not isinstance(enabled, bool):
+        errors.append(f"{where}: enabled must be true or false, got {enabled!r}")
+    if enabled is not True:
+        return None
+    defaults = settings["data_server_defaults"]
+    name = data_server.get("name", defaults.get("name"))
+    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+        errors.append(f"{where}: name must be 2-32 lower-case letters, digits or dashes, starting with a letter")
+    elif name in machine_names:
+        errors.append(f"{where}: name {name!r} is also a machine of cloud_machines_list; names must be unique")
+    instance_type = data_server.get("instance_type", defaults.get("instance_type"))
+    allowed = settings["data_server_allowed_instance_types"]
+    if instance_type not in allowed:
+        errors.append(
+            f"{where}: instance type {instance_type!r} is not in cloud_machines_data_server_allowed_instance_types "
+            f"{allowed}; add it there if you really mean to pay for it around the clock"
+        )
+    root_gb = _int_setting(data_server, defaults, "root_volume_gb", errors, where)
+    data_gb = _int_setting(data_server, defaults, "data_volume_gb", errors, where)
+    if root_gb and root_gb < MIN_DATA_SERVER_ROOT_VOLUME_GB:
+        errors.append(
+            f"{where}: root_volume_gb {root_gb} is too small for the OS (>= {MIN_DATA_SERVER_ROOT_VOLUME_GB})"
+        )
+    if data_gb == 0:
+        errors.append(f"{where}: data_volume_gb must be at least 1: the data server exists to serve its data volume")
+    _check_volume_sizes(root_gb, data_gb, settings, errors, where)
+    market = data_server.get("market", defaults.get("market"))
+    if market == "spot":
+        errors.append(
+            f"{where}: market spot is refused: the data server is always on and AWS may reclaim a spot instance "
+            "at any time, cutting every GPU machine off its data; use on-demand"
+        )
+    elif market != "on-demand":
+        errors.append(f"{where}: market must be on-demand, got {market!r}")
+    return {
+        "name": name,
+        "role": "data-server",
+        "profile": None,
+        "instance_type": instance_type,
+        "root_volume_gb": root_gb,
+        "data_volume_gb": data_gb,
+        "market": "on-demand",
+        "workloads": [],
     }
 
 
@@ -94,8 +160,9 @@ def cloud_machines_plan(machines: Any, settings: dict[str, Any], check_list: boo
 
     ``settings`` holds the role's inputs without the ``cloud_machines_`` prefix: project, deployment, owner,
     provider, region, profiles, instance_types, machine_defaults, workload_names, max_instances,
-    allowed_instance_types, max_volume_gb. With ``check_list`` false only the identity is checked and the
-    plan has no machines (teardown needs no valid list).
+    allowed_instance_types, max_volume_gb, data_server, data_server_defaults,
+    data_server_allowed_instance_types. With ``check_list`` false only the identity is checked and the plan has
+    no machines and no data server (teardown needs no valid list).
     """
     errors: list[str] = []
     for key in ("project", "deployment"):
@@ -108,14 +175,19 @@ def cloud_machines_plan(machines: Any, settings: dict[str, Any], check_list: boo
     provider, region = settings["provider"], settings["region"]
     regions = settings["instance_types"].get(provider, {})
     planned: list[dict[str, Any]] = []
+    data_server = None
     if check_list:
         if region not in regions:
             errors.append(
                 f"no instance types for {provider} in region {region!r}; regions in cloud_machines_instance_types: "
                 f"{', '.join(sorted(regions)) or 'none'}"
             )
-        if not isinstance(machines, list) or not machines:
-            errors.append("cloud_machines_list is empty: describe at least one machine (name, profile)")
+        data_server_wanted = isinstance(settings["data_server"], dict) and settings["data_server"].get("enabled")
+        if not isinstance(machines, list) or (not machines and data_server_wanted is not True):
+            errors.append(
+                "cloud_machines_list is empty: describe at least one machine (name, profile) "
+                "or enable cloud_machines_data_server"
+            )
             machines = []
         if len(machines) > settings["max_instances"]:
             errors.append(
@@ -130,6 +202,7 @@ def cloud_machines_plan(machines: Any, settings: dict[str, Any], check_list: boo
         duplicates = sorted({n for n in names if names.count(n) > 1 and n})
         if duplicates:
             errors.append(f"machine names must be unique; repeated: {', '.join(duplicates)}")
+        data_server = _data_server_plan(settings["data_server"], settings, names, errors)
     if errors:
         raise AnsibleFilterError("Invalid cloud machine description:\n- " + "\n- ".join(errors))
     tags = {"Project": settings["project"], "Deployment": settings["deployment"], "Owner": settings["owner"]}
@@ -141,6 +214,7 @@ def cloud_machines_plan(machines: Any, settings: dict[str, Any], check_list: boo
         "owner": settings["owner"],
         "tags": tags,
         "machines": planned,
+        "data_server": data_server,
     }
 
 
