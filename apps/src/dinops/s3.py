@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from dinops.digests import file_sha256
+
 MANIFEST = "latest.json"
 SHA256_METADATA = "dinops-sha256"  # x-amz-meta-dinops-sha256 on every object dinops uploads
 # https://docs.aws.amazon.com/AmazonS3/latest/userguide/bucketnamingrules.html (dots and upper case of legacy
@@ -162,14 +164,6 @@ def check_access(client, location: S3Url) -> None:
         client.list_objects_v2(Bucket=location.bucket, Prefix=location.prefix, MaxKeys=1)
     except client_errors() as exc:
         raise failure(client, "listing", location.bucket, location.prefix, exc) from exc
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def upload_file(client, path: str | os.PathLike, bucket: str, key: str, sha256: str = "", transfer=None) -> str:

@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dinops.digests import file_sha256
 from dinops.settings import SettingsError
 
 if TYPE_CHECKING:
@@ -133,10 +134,6 @@ def namespace(image_dir: Path, ann_file: Path) -> str:
 
 def source_identity(image_dir: Path, ann_file: Path, images: list[dict]) -> dict[str, Any]:
     """What the cache was decoded from: annotation file sha256, and every image's name, size and mtime."""
-    digest = hashlib.sha256()
-    with open(ann_file, "rb") as fh:
-        while chunk := fh.read(1 << 22):
-            digest.update(chunk)
     with ThreadPoolExecutor(STAT_THREADS) as pool:
         stats = list(pool.map(lambda img: os.stat(image_dir / img["file_name"]), images))
     lines = (
@@ -144,7 +141,11 @@ def source_identity(image_dir: Path, ann_file: Path, images: list[dict]) -> dict
     )
     return {
         "format": FORMAT,
-        "annotations": {"path": str(ann_file.resolve()), "sha256": digest.hexdigest(), "size": ann_file.stat().st_size},
+        "annotations": {
+            "path": str(ann_file.resolve()),
+            "sha256": file_sha256(ann_file),
+            "size": ann_file.stat().st_size,
+        },
         "images": {
             "dir": str(image_dir.resolve()),
             "count": len(images),

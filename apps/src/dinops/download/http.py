@@ -7,7 +7,6 @@ server's size and ETag are unchanged. Only a file whose checksum matches is rena
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -21,6 +20,8 @@ from pathlib import Path
 
 import requests
 from requests.adapters import HTTPAdapter
+
+from dinops.digests import file_digests
 
 log = logging.getLogger(__name__)
 
@@ -79,15 +80,6 @@ class _Sessions(threading.local):
 
 
 _sessions = _Sessions()
-
-
-def file_digests(path: Path, algorithms: list[str]) -> dict[str, str]:
-    hashers = {a: hashlib.new(a) for a in algorithms}
-    with open(path, "rb") as fh:
-        while block := fh.read(8 * CHUNK):
-            for h in hashers.values():
-                h.update(block)
-    return {a: h.hexdigest() for a, h in hashers.items()}
 
 
 def verify(path: Path, digests: dict[str, str], what: str) -> None:
