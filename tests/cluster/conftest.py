@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+import dinops_testing
 
 
 def load_plugin(role: str, name: str):
-    path = REPO / "roles" / role / "filter_plugins" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"dinops_{role}_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return dinops_testing.load_plugin(f"roles/{role}/filter_plugins/{name}.py")
 
 
 @pytest.fixture(scope="session")

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
+
+from dinops_testing import load_plugin
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "k8s"
@@ -19,11 +20,7 @@ GPU = "nvidia.com/gpu"
 
 def load_workloads_filters(name: str = "workloads"):
     """A filter plugin file of the workloads role (workloads.py, docker_runtime.py), imported as Ansible would."""
-    path = REPO / "roles" / "workloads" / "filter_plugins" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"dinops_{name}_filters", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_plugin(f"roles/workloads/filter_plugins/{name}.py")
 
 
 def kustomize(directory: Path) -> list[dict]:
@@ -212,14 +209,6 @@ DOCKER_VARIANTS = {
 
 
 # --- k3s across hosts: a train host and an inference host sharing the data server's NFS exports ------------------
-def _load_role_plugin(role: str, name: str):
-    path = REPO / "roles" / role / "filter_plugins" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"dinops_{role}_{name}_render", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 WORKLOADS_DEFAULTS = yaml.safe_load((REPO / "roles" / "workloads" / "defaults" / "main.yml").read_text())
 NFS_SETTINGS = {
     "server": "10.0.1.5",
@@ -231,8 +220,8 @@ NFS_SETTINGS = {
 def multinode_settings(train_profile: dict, serve_profile: dict, storage: str) -> dict:
     """What render.yml passes on the k3s server of a two-host cluster: the train host's profile (the playbook's host)
     with placement over both nodes; storage 'nfs' (a data server) or 'class' (workloads_shared_storage_class)."""
-    placement_plugin = _load_role_plugin("workloads", "placement")
-    k3s_nodes = _load_role_plugin("k3s", "k3s_nodes")
+    placement_plugin = load_plugin("roles/workloads/filter_plugins/placement.py")
+    k3s_nodes = load_plugin("roles/k3s/filter_plugins/k3s_nodes.py")
     nodes = []
     # The inference host takes inference and the client only (a machine's workloads, cloud_machines_list).
     hosts = (

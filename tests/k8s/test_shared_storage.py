@@ -113,6 +113,7 @@ BASE = {"overlay": "k3s-gpu", "train": True, "shm_size": "2Gi"}
     [
         ({"server": "nfs://10.0.1.5"}, {}, "workloads_nfs_server must be a host name"),
         ({"server": "10.0.1.5:2049"}, {}, "workloads_nfs_server must be a host name"),
+        ({"server": "fd00::5::6"}, {}, "workloads_nfs_server must be a host name"),
         ({"paths": {"dataset": "srv/data", "output": "/srv/out"}}, {}, r"workloads_nfs_paths.dataset must be"),
         ({"paths": {"dataset": "/srv/x"}}, {}, "workloads_nfs_paths must give exactly dataset, output"),
         ({"paths": {"dataset": "/srv/x/", "output": "/srv/x"}}, {}, "their own exports"),

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import re
 from typing import Any
@@ -39,7 +40,8 @@ QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
 # Both volumes on an NFS export (k8s/components/nfs-storage): the volumes the component adds, by claim.
 NFS_COMPONENT = "components/nfs-storage"
 NFS_VOLUMES = {"dataset": "dinops-dataset-nfs", "output": "dinops-output-nfs"}
-# A DNS name (RFC 1123 labels), an IPv4 address or a bracket-less IPv6 address: what a PV's nfs.server takes.
+# What a PV's nfs.server takes: a DNS name (RFC 1123 labels), or an address (IPv4, bracket-less IPv6) that
+# ipaddress parses.
 NFS_SERVER = re.compile(
     r"^([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
 )
@@ -461,7 +463,7 @@ def site_kustomization(settings: dict[str, Any]) -> dict[str, Any]:
         _require(
             (settings.get("cluster") or _cluster_of(overlay)) != "docker",
             "workloads_nfs_server is a cluster setting: the Docker runtime uses host directories "
-            "(workloads_docker_volumes_root/<claim>); mount the NFS exports there with nfs_client_mounts "
+            "(workloads_docker_data_dir/<claim>); mount the NFS exports there with nfs_client_mounts "
             "(roles/nfs_client) and leave workloads_nfs_server empty",
         )
         components.append(f"{root}/{NFS_COMPONENT}")
@@ -611,6 +613,14 @@ def env_file(data: dict[str, Any]) -> str:
     return "".join(line + "\n" for line in lines)
 
 
+def _is_address(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
 def nfs_patches(nfs: dict[str, Any]) -> list[dict[str, Any]]:
     """The generated layer's patches of the NFS volumes: server, exported path per claim and mount options.
 
@@ -621,7 +631,7 @@ def nfs_patches(nfs: dict[str, Any]) -> list[dict[str, Any]]:
     """
     server = str(nfs.get("server") or "").strip()
     _require(
-        bool(NFS_SERVER.match(server)) or (":" in server and all(c in "0123456789abcdefABCDEF:" for c in server)),
+        bool(NFS_SERVER.match(server)) or _is_address(server),
         f"workloads_nfs_server must be a host name or an address (no scheme, no port, no path), got {server!r}",
     )
     paths = nfs.get("paths") or {}
