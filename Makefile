@@ -85,8 +85,12 @@ lint: $(VENV)/.dev ## yamllint, ansible-lint (production, no skips), ruff, hadol
 molecule: $(VENV)/.dev ## Every Molecule scenario: converge, idempotence (changed=0), verify (MOLECULE_JOBS at a time)
 	scripts/molecule-all.sh $(MOLECULE_SCENARIOS)
 
-pytest: $(VENV)/.dev ## Python tests: the apps, the Ansible plugins, inventories and manifests
-	python -m pytest -m "not browser and not images and not demo" $(PYTEST_ARGS)
+# One worker per core (pytest-xdist), each test file on one worker: a file's module fixtures (a trained model, a
+# started server) are made once, and the tests pick free ports and their own temporary directories.
+PYTEST_WORKERS ?= $(shell nproc)
+pytest: $(VENV)/.dev ## Python tests: the apps, the Ansible plugins, inventories and manifests (PYTEST_WORKERS at a time)
+	python -m pytest -m "not browser and not images and not demo" --numprocesses=$(PYTEST_WORKERS) --dist=loadfile \
+	  $(PYTEST_ARGS)
 
 images: $(VENV)/.dev docker ## Build every container image (air-gapped mode) and run it
 	scripts/pytest-stage.sh -m images $(PYTEST_ARGS)

@@ -14,11 +14,9 @@ import contextlib
 import io
 import statistics
 import tempfile
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import requests
+import bench_protocols  # beside this file: python puts the script's directory first on sys.path
 from PIL import Image
 
 from dinops.serve.testing import free_port, running, write_small_checkpoint
@@ -31,29 +29,9 @@ def _image(seed: int) -> bytes:
 
 
 def measure(url: str, concurrency: int, per_client: int) -> tuple[float, float, float]:
-    images = [_image(i) for i in range(8)]
-
-    def client(index: int) -> list[float]:
-        latencies = []
-        with requests.Session() as session:
-            for k in range(per_client):
-                started = time.perf_counter()
-                response = session.post(
-                    url + "/v1/detect",
-                    data=images[(index + k) % 8],
-                    headers={"Content-Type": "image/jpeg"},
-                    timeout=600,
-                )
-                response.raise_for_status()
-                latencies.append(time.perf_counter() - started)
-        return latencies
-
-    started = time.perf_counter()
-    with ThreadPoolExecutor(concurrency) as pool:
-        latencies = sorted(t for batch in pool.map(client, range(concurrency)) for t in batch)
-    elapsed = time.perf_counter() - started
-    p99 = latencies[min(len(latencies) - 1, round(0.99 * (len(latencies) - 1)))]
-    return len(latencies) / elapsed, statistics.median(latencies) * 1000, p99 * 1000
+    """images/s, p50 and p99 ms of POST /v1/detect with one JPEG per request (bench_protocols.measure)."""
+    bodies = [{"data": _image(i), "headers": {"Content-Type": "image/jpeg"}} for i in range(8)]
+    return bench_protocols.measure(url + "/v1/detect", bodies, 1, concurrency, per_client)
 
 
 def main() -> None:

@@ -10,7 +10,8 @@ and has been loaded. --reload (DINO_RELOAD; auto: on with --wait-for-model) foll
 checkpoint that training replaces is loaded in the background and swapped in; /healthz says which one is in use.
 
 Endpoints: POST /v1/detect, POST /inference (the original service's contract), GET /healthz, /readyz,
-/metrics, /openapi.json.
+/metrics, /openapi.json; KServe V1 (/v1/models/<name>:predict) and the Open Inference Protocol V2
+(/v2/models/<name>/infer, with the binary tensor data extension), <name> being --model-name. docs/api.md has them all.
 """
 
 from __future__ import annotations

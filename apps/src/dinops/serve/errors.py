@@ -27,7 +27,7 @@ class ApiError(Exception):
         self.extra = extra or {}  # more keys of the body, e.g. the checkpoint a 503 waits for
 
 
-def _json(status: int, code: str, message: str, headers=None, extra=None):
+def json_error(status: int, code: str, message: str, headers=None, extra=None):
     response = jsonify(error=message, code=code, **(extra or {}))
     response.status_code = status
     for key, value in (headers or {}).items():
@@ -38,7 +38,7 @@ def _json(status: int, code: str, message: str, headers=None, extra=None):
 def register(app: Flask) -> None:
     @app.errorhandler(ApiError)
     def api_error(exc: ApiError):
-        return _json(exc.status, exc.code, exc.message, exc.headers, exc.extra)
+        return json_error(exc.status, exc.code, exc.message, exc.headers, exc.extra)
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException):
@@ -48,9 +48,9 @@ def register(app: Flask) -> None:
             limit = app.config.get("MAX_CONTENT_LENGTH") or 0
             message = f"The upload is larger than the {limit / 2**20:.3g} MiB limit of this service."
         headers = {k: v for k, v in exc.get_headers() if k.lower() != "content-type"}
-        return _json(exc.code or 500, code, message, headers)
+        return json_error(exc.code or 500, code, message, headers)
 
     @app.errorhandler(Exception)
     def unexpected(exc: Exception):
         log.exception("unhandled error")
-        return _json(500, "internal_error", "The server failed to process the request; the error was logged.")
+        return json_error(500, "internal_error", "The server failed to process the request; the error was logged.")

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from dinops.serve.oip_v2 import VERSION
+
 _ERROR = {"$ref": "#/components/schemas/Error"}
 
 
 def _errors(*codes: int) -> dict[str, Any]:
     text = {
-        400: "bad image or parameter",
+        400: "bad image, parameter or request body",
+        404: "no such model (DINO_MODEL_NAME) or version",
         401: "missing or wrong bearer token",
         413: "upload or image too large",
         415: "not an accepted content type or image format",
@@ -29,6 +32,60 @@ def _image_body() -> dict[str, Any]:
             "image/*": {"schema": binary},
         },
     }
+
+
+def _json_body(description: str) -> dict[str, Any]:
+    return {
+        "required": True,
+        "description": description,
+        "content": {"application/json": {"schema": {"type": "object"}}},
+    }
+
+
+def _get(summary: str, *errors: int) -> dict[str, Any]:
+    return {"get": {"summary": summary, "responses": {"200": {"description": "see docs/api.md"}, **_errors(*errors)}}}
+
+
+def _protocol_paths(config: dict[str, Any], security: list[dict[str, list]]) -> dict[str, Any]:
+    """KServe V1 and Open Inference Protocol V2 (docs/api.md describes the bodies and the tensor layout)."""
+    name = config["MODEL_NAME"]
+    predict_responses = {"200": {"description": '{"predictions": [one /v1/detect answer per instance]}'}}
+    infer = {
+        "post": {
+            "summary": "detections of N images (input 'image' BYTES [N]; outputs boxes, scores, labels, "
+            "num_detections); JSON, or the binary tensor data extension with Inference-Header-Content-Length",
+            "security": security,
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {"schema": {"type": "object"}},
+                    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+                },
+            },
+            "responses": {"200": {"description": "inference response"}, **_errors(400, 401, 404, 413, 415, 503)},
+        }
+    }
+    paths: dict[str, Any] = {
+        "/v1/models": _get('KServe V1: the models served, {"models": [name]}'),
+        f"/v1/models/{name}": _get('KServe V1: {"name", "ready": true} once the model is ready', 503),
+        f"/v1/models/{name}:predict": {
+            "post": {
+                "summary": 'KServe V1 predict: {"instances": [{"image": {"b64": ...}}], "parameters": {...}}',
+                "security": security,
+                "requestBody": _json_body("instances and parameters (threshold, max_detections, classes)"),
+                "responses": {**predict_responses, **_errors(400, 401, 404, 413, 415, 503)},
+            }
+        },
+        "/v2": _get("Open Inference Protocol: server metadata (name, version, extensions)"),
+        "/v2/health/live": _get("Open Inference Protocol: the server is live"),
+        "/v2/health/ready": _get("Open Inference Protocol: the model is ready", 503),
+        "/v2/models": _get("Open Inference Protocol (KServe): the models served"),
+    }
+    for base in (f"/v2/models/{name}", f"/v2/models/{name}/versions/{VERSION}"):
+        paths[base] = _get("Open Inference Protocol: model metadata (inputs, outputs, platform, versions)")
+        paths[f"{base}/ready"] = _get("Open Inference Protocol: the model is ready", 503)
+        paths[f"{base}/infer"] = infer
+    return paths
 
 
 def spec(config: dict[str, Any]) -> dict[str, Any]:
@@ -148,5 +205,6 @@ def spec(config: dict[str, Any]) -> dict[str, Any]:
                 "get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text format"}}}
             },
             "/openapi.json": {"get": {"summary": "this document", "responses": {"200": {"description": "OpenAPI 3"}}}},
+            **_protocol_paths(config, security),
         },
     }

@@ -7,9 +7,20 @@ checkers are the shared ones of :mod:`dinops.settings`.
 
 from __future__ import annotations
 
+import re
+
 from dinops.settings import Setting, fraction, non_negative_float, positive_float, positive_int
 
 ENV_PREFIXES = ("DINO_",)
+
+
+def model_name(text: str) -> str:
+    """A name that goes into URL paths as it is (``/v2/models/<name>/infer``, ``/v1/models/<name>:predict``)."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}", text):
+        raise ValueError(
+            f"must be 1 to 128 letters, digits, '_', '.' or '-', starting with a letter or digit, got {text!r}"
+        )
+    return text
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -38,6 +49,14 @@ SETTINGS: tuple[Setting, ...] = (
         "",
         "model configuration (JSON or an official DINO .py config); empty: the checkpoint's own args",
         env="DINO_CONFIG",
+    ),
+    Setting(
+        "model_name",
+        "dino",
+        "the model's name in the paths of KServe V1 (/v1/models/dino:predict) and of the Open Inference Protocol V2 "
+        "(/v2/models/dino/infer); letters, digits, '_', '.', '-'",
+        type=model_name,
+        env="DINO_MODEL_NAME",
     ),
     Setting("device", "auto", "auto (first GPU if there is one, else CPU), cpu, cuda or cuda:N", env="DINO_DEVICE"),
     Setting(

@@ -93,3 +93,30 @@ def running(
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@contextlib.contextmanager
+def small_server(folder: Path, env: Mapping[str, str], seed: int = 0, ready: str = "/readyz") -> Iterator[str]:
+    """`dinops serve` on a free port of 127.0.0.1 with a small checkpoint written into ``folder`` (unless ``env``
+    names another ``DINO_CHECKPOINT``); yields its URL. The log is ``folder/serve.log``."""
+    port = free_port()
+    settings = {"DINO_CHECKPOINT": str(folder / "small.pth"), **env, "DINO_BIND": f"127.0.0.1:{port}"}
+    if "DINO_CHECKPOINT" not in env:
+        write_small_checkpoint(folder / "small.pth", seed=seed)
+    url = f"http://127.0.0.1:{port}"
+    with running("serve", settings, url, folder / "serve.log", ready=ready):
+        yield url
+
+
+def noise_jpeg(seed: int, size: tuple[int, int] = (120, 90)) -> bytes:
+    """A JPEG of random pixels, the same for a seed on every run (Image.effect_noise draws from an unseeded
+    generator)."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "JPEG")
+    return buffer.getvalue()
