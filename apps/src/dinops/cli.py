@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cache": ("dinops.data.cache:main", "fill the local decoded-image cache of the train and val splits"),
     "eval": ("dinops.train.evaluate:main", "COCO bbox evaluation of a checkpoint"),
     "analyze": ("dinops.train.analyze:main", "plots and a summary from a training output directory"),
+    "hpo": ("dinops.train.hpo:main", "`hpo report`: table and plots of a finished Katib hyperparameter search"),
     "serve": ("dinops.serve.cli:main", "run the inference API"),
     "client": ("dinops.client.cli:main", "run the web client"),
     "download": ("dinops.download.cli:main", "download COCO or any URL list, resumable and verified"),

@@ -3,14 +3,17 @@
 ``log.txt`` holds one JSON object per epoch with the official DINO field names (``train_loss``,
 ``train_class_error``, ``train_lr``, ``train_loss_bbox``, ..., ``test_coco_eval_bbox`` with the 12 COCO
 numbers, ``epoch``, ``n_parameters``, ``epoch_time``), so tools written for DINO's logs read ours.
-Katib's stdout collector reads ``name=value`` lines; :func:`metric_lines` writes them.
+Katib's StdOut metrics collector reads ``<RFC 3339 timestamp> name=value ...`` lines; :func:`metric_line` writes them.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import math
+import numbers
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -60,13 +63,53 @@ def read_log_txt(path: Path) -> list[dict[str, Any]]:
     return records
 
 
-def metric_lines(values: dict[str, float]) -> list[str]:
-    """``name=value`` lines for Katib's stdout metrics collector (finite numbers only)."""
-    return [
-        f"{name}={value:.6g}"
-        for name, value in values.items()
-        if isinstance(value, (int, float)) and math.isfinite(value)
-    ]
+# Katib v0.19.0's default StdOut filter reads a name as ``[\w|-]+`` (ASCII in Go's RE2):
+# https://github.com/kubeflow/katib/blob/v0.19.0/pkg/metricscollector/v1beta1/common/const.go#L47
+METRIC_NAME = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def katib_timestamp(when: datetime.datetime | None = None) -> str:
+    """UTC with microseconds and ``Z``: a form Go's ``time.Parse(time.RFC3339Nano, ...)`` takes on its fast path.
+
+    Katib takes the first space-separated token of a metric line as its timestamp when it parses so
+    (https://github.com/kubeflow/katib/blob/v0.19.0/pkg/metricscollector/v1beta1/file-metricscollector/file-metricscollector.go#L89-L99);
+    median-stop early stopping orders the observations by it.
+    """
+    when = datetime.datetime.now(datetime.timezone.utc) if when is None else when.astimezone(datetime.timezone.utc)
+    return when.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _katib_number(value: object) -> str | None:
+    """The value as Katib's regex reads it back whole: ``str`` of an integer, ``repr`` of a float (round trip)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    if isinstance(value, numbers.Integral):
+        return str(int(value))
+    number = float(value)
+    return repr(number) if math.isfinite(number) else None  # repr: shortest exact form, e.g. 0.1234, 1e-05
+
+
+def metric_line(values: dict[str, object], when: datetime.datetime | None = None) -> str:
+    r"""One ``<timestamp> name=value name=value`` line for Katib's StdOut collector; finite numbers only.
+
+    Every value is printed in full (``float(text) == value``), in a form the default filter
+    ``([\w|-]+)\s*=\s*([+-]?\d*(\.\d+)?([Ee][+-]?\d+)?)`` captures entirely. An empty string when no value is
+    finite.
+    """
+    pairs = []
+    for name, value in values.items():
+        if not METRIC_NAME.fullmatch(name):
+            raise ValueError(f"metric name {name!r}: Katib reads only letters, digits, '_' and '-'")
+        text = _katib_number(value)
+        if text is not None:
+            pairs.append(f"{name}={text}")
+    return f"{katib_timestamp(when)} {' '.join(pairs)}" if pairs else ""
+
+
+def metric_lines(values: dict[str, object]) -> list[str]:
+    """:func:`metric_line` as a list (empty when no value is finite), for callers that print line by line."""
+    line = metric_line(values)
+    return [line] if line else []
 
 
 class TensorBoard:

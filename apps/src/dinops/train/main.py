@@ -26,7 +26,8 @@ there. Access is checked before training starts; a failed upload stops training 
 
 Evaluation only: ``--eval true --resume PATH`` (or ``dinops eval``). Reports: console lines with ETA
 (``console.log``), ``log.txt`` (one JSON line per epoch, official DINO field names), TensorBoard events,
-``name=value`` metric lines on stdout for Katib, optional profiler traces (``--profile-steps``).
+``<timestamp> name=value ...`` metric lines on stdout for Katib (process 0 only), optional profiler traces
+(``--profile-steps``).
 """
 
 from __future__ import annotations
@@ -57,13 +58,15 @@ from dinops.settings import SettingsError, add_arguments, check_unknown_env, res
 from dinops.train import checkpoints, dist
 from dinops.train.coco_eval import STAT_NAMES, evaluate
 from dinops.train.engine import Hooks, StepState, predict, train_one_epoch
-from dinops.train.logs import TensorBoard, append_log_txt, metric_lines, setup_logging, teardown_logging
+from dinops.train.logs import TensorBoard, append_log_txt, metric_line, setup_logging, teardown_logging
 from dinops.train.model_setup import lr_factor, model_config, param_groups
 from dinops.train.s3_output import S3Output
 from dinops.train.settings import ENV_PREFIX, SETTINGS
 
 log = logging.getLogger("dinops.train")
-metrics_out = logging.getLogger("dinops.metrics")  # bare `name=value` lines on stdout for Katib
+metrics_out = logging.getLogger("dinops.metrics")  # `<timestamp> name=value ...` lines on stdout for Katib
+# The metric names of the Katib Experiment (objective bbox_ap), the first three COCO numbers (coco_eval.STAT_NAMES).
+KATIB_AP_NAMES = ("bbox_ap", "bbox_ap50", "bbox_ap75")
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -317,7 +320,7 @@ def train(args: argparse.Namespace) -> int:
             (output_dir / "eval.json").write_text(
                 json.dumps({"stats": dict(zip(STAT_NAMES, stats, strict=True)), "detections": detections})
             )
-            metrics_out.info("\n".join(metric_lines({"bbox_ap": stats[0], "bbox_ap50": stats[1]})))
+            metrics_out.info(metric_line(dict(zip(KATIB_AP_NAMES, stats, strict=False))))
             mirror.file(output_dir / "eval.json")
         mirror.finish()
         dist.shutdown()
@@ -398,14 +401,10 @@ def train(args: argparse.Namespace) -> int:
                 mirror.checkpoint(numbered)
             append_log_txt(output_dir, record)
             mirror.file(output_dir / "log.txt")
-            ap = record.get("test_coco_eval_bbox", [math.nan])[0]
-            epoch_values = {"epoch": state.epoch - 1, "loss": train_stats.get("loss", math.nan), "bbox_ap": ap}
-            tensorboard.scalars(
-                "epoch",
-                epoch_values | {"bbox_ap50": record.get("test_coco_eval_bbox", [0, math.nan])[1]},
-                state.epoch - 1,
-            )
-            metrics_out.info("\n".join(metric_lines(epoch_values)))
+            epoch_values = {"epoch": state.epoch - 1, "loss": train_stats.get("loss", math.nan)}
+            epoch_values |= dict(zip(KATIB_AP_NAMES, record.get("test_coco_eval_bbox", []), strict=False))
+            tensorboard.scalars("epoch", epoch_values, state.epoch - 1)
+            metrics_out.info(metric_line(epoch_values))
         if finished:
             break
     if profiler is not None:
