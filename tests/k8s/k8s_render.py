@@ -265,3 +265,108 @@ MULTINODE_VARIANTS = {
     for storage in ("nfs", "class")
 }
 SITE_VARIANTS.update(MULTINODE_VARIANTS)
+
+
+# --- Training as a Kubeflow kind and the search (roles/workloads/filter_plugins/train_kinds.py) --------------------
+HPO_DEFAULTS = {
+    "enabled": True,
+    **{key: WORKLOADS_DEFAULTS[f"workloads_hpo_{key}"]
+       for key in ("algorithm", "max_trials", "parallel_trials", "max_failed_trials", "early_stopping", "parameters")},
+}  # fmt: skip
+# Name suffix -> (workloads_train_kind, workloads_hpo).
+TRAIN_KIND_CHOICES = {
+    "trainjob": ("trainjob", False),
+    "pytorchjob": ("pytorchjob", False),
+    "job-hpo": ("job", True),
+    "trainjob-hpo": ("trainjob", True),
+    "pytorchjob-hpo": ("pytorchjob", True),
+}
+
+
+def train_kind_variant(site: dict, kind: str, hpo: bool, nodes: int = 1, cluster_nodes: list | None = None) -> dict:
+    """What render.yml passes for a host that trains as ``kind``: the site layer's settings and the fold's."""
+    site = {**site, "train_kind": kind, "train_nodes": nodes, "hpo": hpo, "cluster_nodes": cluster_nodes or []}
+    return {"site": site, "fold": {"kind": kind, "nodes": nodes, "cluster_nodes": cluster_nodes or [],
+                                   "hpo": {**HPO_DEFAULTS, "enabled": hpo}}}  # fmt: skip
+
+
+def render_train_kind(tmp_root: Path, name: str, variant: dict) -> list[dict]:
+    """The objects render.yml keeps: the rendered layer, prepared, folded into the kind (the plan's processes and
+    GPUs per node as render.yml passes them)."""
+    filters = load_workloads_filters()
+    plan = filters.site_plan(variant["site"])
+    objects = filters.prepare_objects(
+        render_site(tmp_root, name, variant["site"]), plan["apps"]["train"], plan["apps"]["download"]
+    )
+    fold = {**variant["fold"], "processes": plan["train_processes"], "gpus": plan["train_gpus"]}
+    return load_workloads_filters("train_kinds").train_kinds(objects, fold)
+
+
+def train_cluster_settings(train_profile: dict, serve_profile: dict, storage: str) -> tuple[dict, list[dict]]:
+    """A k3s cluster of two train hosts of ``train_profile`` and an inference host, its volumes on NFS ('nfs') or a
+    ReadWriteMany class ('class'): (the server's site settings, workloads_cluster_nodes)."""
+    placement_plugin = load_plugin("roles/workloads/filter_plugins/placement.py")
+    k3s_nodes = load_plugin("roles/k3s/filter_plugins/k3s_nodes.py")
+    hosts = [
+        ("train-1", train_profile, list(train_profile["workloads"])),
+        ("train-2", train_profile, list(train_profile["workloads"])),
+        ("infer-1", serve_profile, [w for w in serve_profile["workloads"] if w in ("inference", "client")]),
+    ]
+    nodes = [{"name": host, "labels": k3s_nodes.node_labels(profile.get("gpu_count", 1), taken),
+              "gpu_count": profile.get("gpu_count", 1), "host_vcpus": profile["host_vcpus"],
+              "host_memory_gb": float(profile["host_memory_gb"]), "workloads": taken}
+             for host, profile, taken in hosts]  # fmt: skip
+    placement = placement_plugin.placement(
+        nodes,
+        {"shared_storage_class": "nfs-csi" if storage == "class" else "", "nfs": storage == "nfs", "train": True,
+         "cluster_facts": FACTS},
+    )  # fmt: skip
+    settings = profile_settings(train_profile, "k3s", True)
+    settings["workloads"] = sorted({*train_profile["workloads"], *serve_profile["workloads"]})
+    settings["placement"] = placement
+    if storage == "nfs":
+        settings["nfs"] = NFS_SETTINGS
+    return settings, nodes
+
+
+TRAIN_KIND_VARIANTS = {
+    f"kind-{name}-{cluster}-{suffix}": train_kind_variant(profile_settings(profile, cluster, True), kind, hpo)
+    for name, profile in sorted(TRAIN_PROFILES.items())
+    for cluster in ("minikube", "k3s")
+    for suffix, (kind, hpo) in TRAIN_KIND_CHOICES.items()
+}
+TRAIN_KIND_VARIANTS.update(
+    {
+        f"kind-cpu-demo-{suffix}": train_kind_variant(
+            {
+                "overlay": "cpu",
+                "cluster": "minikube",
+                "demo": True,
+                "train": True,
+                "shm_size": "1Gi",
+                "node": docker_node(vcpus=8, memory_mb=32768) | {"cluster": "minikube"},
+                "cluster_facts": FACTS,
+            },
+            kind,
+            hpo,
+        )  # fmt: skip
+        for suffix, (kind, hpo) in TRAIN_KIND_CHOICES.items()
+    }
+)
+
+
+def two_train_nodes_variant(train: str, storage: str, kind: str, hpo: bool) -> dict:
+    """Training on both train hosts of train_cluster_settings (workloads_train_nodes 2)."""
+    site, nodes = train_cluster_settings(TRAIN_PROFILES[train], SERVE_PROFILES["rtx3060ti"], storage)
+    return train_kind_variant(site, kind, hpo, 2, nodes)
+
+
+TRAIN_KIND_VARIANTS.update(
+    {
+        f"kind-2nodes-{train}-{storage}-{suffix}": two_train_nodes_variant(train, storage, kind, hpo)
+        for train in ("a100", "rtx3090")
+        for storage in ("nfs", "class")
+        for suffix, (kind, hpo) in TRAIN_KIND_CHOICES.items()
+        if kind != "job"
+    }
+)

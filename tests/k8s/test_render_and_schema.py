@@ -69,3 +69,19 @@ def test_strict_validation_rejects_an_unknown_field(rendered):
     job["spec"]["template"]["spec"]["containers"][0]["resource"] = {"limits": {"cpu": "1"}}
     errors = _validate_all([job], "1.33")
     assert len(errors) == 1 and "resource" in errors[0]
+
+
+# kubernetes-validate 1.37.0 knows which kinds are namespaced; these are the cluster-scoped ones we render.
+CLUSTER_SCOPED = {"Namespace", "PersistentVolume", "StorageClass", "ClusterRole", "ClusterRoleBinding"}
+
+
+@pytest.mark.parametrize("site", sorted(SITE_VARIANTS))
+def test_every_namespaced_object_of_a_layer_is_in_the_namespace(rendered_sites, site):
+    """What a layer's components add (the checkpoint Job and its ConfigMaps, the Ingress, ...) lands in dinops too:
+    an object without a namespace would be applied to the kubeconfig's default namespace."""
+    stray = [
+        f"{o['kind']}/{o['metadata']['name']}"
+        for o in rendered_sites[site]
+        if o["kind"] not in CLUSTER_SCOPED and o["metadata"].get("namespace") != "dinops"
+    ]
+    assert stray == []

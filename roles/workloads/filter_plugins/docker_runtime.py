@@ -46,6 +46,14 @@ WORKLOAD_KINDS = ("Job", "Deployment")
 CONSUMED_KINDS = ("Namespace", "ConfigMap", "PersistentVolumeClaim", "Service", "PersistentVolume")
 # Kinds that only mean something on a cluster (an Ingress needs an ingress controller; the NodePort is published).
 CLUSTER_ONLY_KINDS = ("Ingress",)
+# Kinds of the Kubeflow operators (k8s/components/{trainjob,pytorchjob,katib-experiment}) and the setting that asks
+# for them: this runtime runs training as the batch Job's container only.
+KUBEFLOW_KINDS = {
+    "TrainJob": "workloads_train_kind",
+    "TrainingRuntime": "workloads_train_kind",
+    "PyTorchJob": "workloads_train_kind",
+    "Experiment": "workloads_hpo",
+}
 HASH_LABEL = "dinops.io/template-sha256"
 KIND_LABEL = "dinops.io/kind"
 RUNTIME_LABEL = "dinops.io/runtime"
@@ -348,6 +356,12 @@ def docker_plan(objects: list[dict[str, Any]], settings: dict[str, Any]) -> dict
         elif kind in WORKLOAD_KINDS:
             workloads.append(obj)
         else:
+            _require(
+                kind not in KUBEFLOW_KINDS,
+                f"{kind} {name} comes from {KUBEFLOW_KINDS.get(kind)}, which needs a Kubernetes cluster with the "
+                "Kubeflow operators (dinops_cluster minikube or k3s, dinops_platform: true): the Docker runtime "
+                "runs training as one container; set workloads_train_kind: job and workloads_hpo: false",
+            )
             _require(kind in CONSUMED_KINDS or kind in CLUSTER_ONLY_KINDS,
                      f"{kind} {name}: the Docker runtime cannot run this kind of object")  # fmt: skip
     workloads.sort(

@@ -4,7 +4,10 @@
                              and, from its pods, the reasons that waiting will not heal.
 ``dinops_job_progress``      where a Job stands, from the Job and its pods: complete, failed (Kubernetes' reason),
                              blocked (a pod that waiting will not heal), started (past the init containers), waiting.
-``dinops_failed_jobs``       live Jobs that failed in an earlier run and are applied again: deleted so they rerun.
+``dinops_failed_jobs``       live Jobs (TrainJobs, PyTorchJobs) that failed in an earlier run and are applied
+                             again: deleted so they rerun.
+``dinops_train_outcome``     where a TrainJob or a PyTorchJob stands, from its status conditions.
+``dinops_experiment_state``  where Katib's Experiment stands: created, running, succeeded, failed, with its trials.
 ``dinops_serve_state``       the inference pod's ``GET /healthz`` answer: serving, waiting, loading or failed,
                              with a line that says what to do (unknown while the proxy call fails).
 ``dinops_service_proxy_path`` the API server's proxy path of a Service port, for ``kubectl get --raw``.
@@ -19,6 +22,16 @@ defines them:
   https://kubernetes.io/docs/reference/kubernetes-api/workload-resources/deployment-v1/#DeploymentStatus
 - JobStatus.conditions (Failed, FailureTarget, Complete)
   https://kubernetes.io/docs/reference/kubernetes-api/workload-resources/job-v1/#JobStatus
+- TrainJob status.conditions (Complete, Failed, Suspended), copied from its JobSet's Completed and Failed with
+  their reason and message (kubeflow/trainer@v2.3.0:pkg/apis/trainer/v1alpha1/trainjob_types.go,
+  pkg/runtime/framework/plugins/jobset/jobset.go); its pods carry jobset.sigs.k8s.io/jobset-name=<TrainJob> (the
+  JobSet is named after the TrainJob; kubernetes-sigs/jobset@v0.12.0:api/jobset/v1alpha2/jobset_types.go
+  JobSetNameKey).
+- PyTorchJob status.conditions (Created, Running, Restarting, Succeeded, Failed); its pods carry
+  training.kubeflow.org/job-name=<PyTorchJob> (kubeflow/trainer@v1.9.4:pkg/apis/kubeflow.org/v1/common_types.go
+  JobConditionType, JobNameLabel).
+- Experiment status.conditions (Created, Running, Restarting, Succeeded, Failed), trial counts and
+  currentOptimalTrial (kubeflow/katib@v0.19.0:pkg/apis/controller/experiments/v1beta1/experiment_types.go).
 - PodStatus.conditions PodScheduled/False/Unschedulable (reason constant ``Unschedulable``, message from the
   scheduler, e.g. "0/1 nodes are available: 1 Insufficient cpu.")
   https://kubernetes.io/docs/reference/kubernetes-api/workload-resources/pod-v1/#PodStatus
@@ -220,6 +233,44 @@ def _job_outcome(resources: list[dict[str, Any]]) -> dict[str, str]:
     return _workloads_filters().job_outcome(resources)
 
 
+# The training kinds other than the Job: the condition that completes them and the label their pods carry.
+TRAIN_KINDS = {
+    "TrainJob": {"complete": "Complete", "pod_label": "jobset.sigs.k8s.io/jobset-name"},
+    "PyTorchJob": {"complete": "Succeeded", "pod_label": "training.kubeflow.org/job-name"},
+}
+
+
+def train_outcome(resources: list[dict[str, Any]]) -> dict[str, str]:
+    """Where a TrainJob or a PyTorchJob stands (``resources``: what k8s_info returned, empty when it does not
+    exist): ``state`` complete, failed, running or missing, ``message`` with the operator's reason."""
+    if not resources:
+        return {"state": "missing", "message": "the training object does not exist"}
+    obj = resources[0]
+    kind = obj.get("kind", "?")
+    if kind not in TRAIN_KINDS:
+        raise RolloutError(f"train_outcome reads TrainJob and PyTorchJob, got {kind}")
+    metadata = obj.get("metadata") or {}
+    name, namespace = metadata.get("name", "?"), metadata.get("namespace", "dinops")
+    conditions = [c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("status") == "True"]
+    by_type = {c.get("type"): c for c in conditions}
+    if "Failed" in by_type:
+        failed = by_type["Failed"]
+        return {
+            "state": "failed",
+            "message": f"{kind} {name} failed ({failed.get('reason') or 'Failed'}): "
+            f"{failed.get('message') or 'no message'}. Its pods: kubectl -n {namespace} get pods "
+            f"-l {TRAIN_KINDS[kind]['pod_label']}={name}",
+        }
+    if TRAIN_KINDS[kind]["complete"] in by_type:
+        return {"state": "complete", "message": f"{kind} {name} completed"}
+    latest = conditions[-1].get("type") if conditions else "no condition yet"
+    return {"state": "running", "message": f"{kind} {name} is running ({latest})"}
+
+
+def _outcome(obj: dict[str, Any]) -> dict[str, str]:
+    return train_outcome([obj]) if obj.get("kind") in TRAIN_KINDS else _job_outcome([obj])
+
+
 def _started(pod: dict[str, Any]) -> bool:
     """Past its init containers: every init container terminated with 0 and a main container runs or ran."""
     status = pod.get("status") or {}
@@ -245,41 +296,83 @@ def _pod_summary(pod: dict[str, Any]) -> str:
 
 
 def job_progress(objects: Any, now: Any = None, grace_s: int = UNSCHEDULABLE_GRACE_S) -> dict[str, str]:
-    """{state: complete | failed | blocked | started | waiting | missing, message} of one Job, from kubectl's List
-    of the Job and its pods. failed and complete come from the Job's conditions; blocked from a pod that waiting
-    will not heal; started once a pod is past its init containers (training: the dataset is there)."""
+    """{state: complete | failed | blocked | started | waiting | missing, message} of one Job (or TrainJob, or
+    PyTorchJob), from kubectl's List of it and its pods. failed and complete come from its conditions; blocked from
+    a pod that waiting will not heal; started once a pod is past its init containers (training: the dataset is
+    there). A TrainJob's or PyTorchJob's pods are those its operator labelled with its name."""
     try:
         items = _objects(objects)
     except KubectlFailed as exc:
         return {"state": "unknown", "message": str(exc)}
-    jobs = _of_kind(items, "Job")
-    outcome = _job_outcome(jobs)
+    trained = [obj for obj in items if obj.get("kind") in TRAIN_KINDS]
+    jobs = trained[:1] or _of_kind(items, "Job")
+    outcome = train_outcome(jobs) if trained else _job_outcome(jobs)
     if outcome["state"] in ("complete", "failed", "missing"):
         return outcome
     pods = [obj for obj in items if obj.get("kind") == "Pod"]
+    kind, name = jobs[0].get("kind", "Job"), _name(jobs[0])
+    if trained:
+        label = TRAIN_KINDS[kind]["pod_label"]
+        pods = [pod for pod in pods if ((pod.get("metadata") or {}).get("labels") or {}).get(label) == name]
     blockers = pod_blockers(pods, now=now, grace_s=grace_s)
-    name = _name(jobs[0])
     if blockers:
-        return {"state": "blocked", "message": f"Job {name} cannot run: " + "; ".join(blockers)}
+        return {"state": "blocked", "message": f"{kind} {name} cannot run: " + "; ".join(blockers)}
     live = [pod for pod in pods if not (pod.get("metadata") or {}).get("deletionTimestamp")]
     if any(_started(pod) for pod in live):
         return {
             "state": "started",
-            "message": f"Job {name} is running ({_pod_summary(next(p for p in live if _started(p)))})",
+            "message": f"{kind} {name} is running ({_pod_summary(next(p for p in live if _started(p)))})",
         }
     seen = ", ".join(_pod_summary(pod) for pod in live) or "no pod yet"
-    return {"state": "waiting", "message": f"Job {name} has not started yet: {seen}"}
+    return {"state": "waiting", "message": f"{kind} {name} has not started yet: {seen}"}
 
 
 def failed_jobs(desired: list[dict[str, Any]], live_jobs: Any) -> list[str]:
-    """Names of live Jobs that failed and are applied again: kept, a failed Job would never run again (its template
-    hash is unchanged, so dinops_jobs_to_replace keeps it)."""
-    wanted = {_name(obj) for obj in desired or [] if obj.get("kind") == "Job"}
+    """Names of live Jobs (TrainJobs, PyTorchJobs) that failed and are applied again: kept, a failed one would never
+    run again (its template hash is unchanged, so dinops_jobs_to_replace keeps it). Live objects without a kind
+    are Jobs (what k8s_info of kind Job returns)."""
+    wanted = {(obj.get("kind"), _name(obj)) for obj in desired or [] if obj.get("kind") in ("Job", *TRAIN_KINDS)}
     names = []
     for job in _objects(live_jobs):
-        if _name(job) in wanted and _job_outcome([job])["state"] == "failed":
+        job = {"kind": "Job", **job}
+        if (job["kind"], _name(job)) in wanted and _outcome(job)["state"] == "failed":
             names.append(_name(job))
     return sorted(names)
+
+
+def experiment_state(experiment: Any) -> dict[str, str]:
+    """{state: created | running | succeeded | failed | missing | unknown, message} of Katib's Experiment, from
+    what ``kubectl get experiment -o json`` printed (or the registered command): its latest condition, the trial
+    counts and the best trial so far."""
+    error = _command_error(experiment)
+    if error:
+        if "NotFound" in error or "not found" in error:
+            return {"state": "missing", "message": "the Experiment does not exist"}
+        return {"state": "unknown", "message": error}
+    found = _objects(experiment)
+    if not found:
+        return {"state": "missing", "message": "the Experiment does not exist"}
+    obj = found[0]
+    name, status = _name(obj), obj.get("status") or {}
+    conditions = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
+    state = next((s for s in ("Failed", "Succeeded", "Running", "Restarting", "Created") if s in conditions), None)
+    counts = (
+        f"{status.get('trials', 0)} trial(s): {status.get('trialsSucceeded', 0)} succeeded, "
+        f"{status.get('trialsRunning', 0)} running, {status.get('trialsFailed', 0)} failed, "
+        f"{status.get('trialsEarlyStopped', 0)} stopped early"
+    )
+    best = status.get("currentOptimalTrial") or {}
+    if best.get("bestTrialName"):
+        metrics = (best.get("observation") or {}).get("metrics") or []
+        values = ", ".join(f"{m.get('name')}={m.get('latest')}" for m in metrics)
+        assignments = ", ".join(f"{a.get('name')}={a.get('value')}" for a in best.get("parameterAssignments") or [])
+        counts += f"; best {best['bestTrialName']} ({values}) with {assignments}"
+    if state is None:
+        return {"state": "created", "message": f"Experiment {name} was accepted, Katib has not started it yet"}
+    condition = conditions[state]
+    why = f"{condition.get('reason') or state}: {condition.get('message') or 'no message'}"
+    mapped = {"Failed": "failed", "Succeeded": "succeeded", "Created": "created"}.get(state, "running")
+    return {"state": mapped, "message": f"Experiment {name} {state.lower()} ({why}); {counts}"}
 
 
 def serve_state(
@@ -353,6 +446,8 @@ class FilterModule:
             "dinops_rollout_state": rollout_state,
             "dinops_job_progress": job_progress,
             "dinops_failed_jobs": failed_jobs,
+            "dinops_train_outcome": train_outcome,
+            "dinops_experiment_state": experiment_state,
             "dinops_pod_blockers": pod_blockers,
             "dinops_serve_state": serve_state,
             "dinops_service_proxy_path": service_proxy_path,

@@ -4,8 +4,9 @@
 ``dinops_site_plan``           what that layer runs, the requests it gives each pod and what it has to say about it.
 ``dinops_node_allocatable``    what the node has for the dinops pods (facts/cluster.yml: the cluster's own share).
 ``dinops_prepare_objects``     the rendered objects to apply: training only when asked, Jobs stamped with a hash.
-``dinops_jobs_to_replace``     Jobs whose pod template changed (a Job's template is immutable, so they are
-                               deleted and created again; training then resumes from its checkpoint).
+``dinops_jobs_to_replace``     Jobs (and TrainJobs, PyTorchJobs) whose stamped template hash changed (their
+                               templates are immutable, so they are deleted and created again; training then
+                               resumes from its checkpoint).
 """
 
 from __future__ import annotations
@@ -48,10 +49,21 @@ NFS_SERVER = re.compile(
 NFS_OPTION = re.compile(r"^[A-Za-z0-9_.=:/-]+$")
 # Checkpoints and results in S3 (dinops train --output-s3): the component giving the pods the Secret dinops-s3.
 S3_COMPONENT = "components/s3-credentials"
+# Inference as a KServe InferenceService (workloads_inference_service; filter_plugins/inference_service.py).
+ISVC_COMPONENT = "components/inferenceservice"
 S3_SERVE_TMP = "4Gi"
 # s3://bucket[/prefix]: bucket names are 3-63 lower-case letters, digits, dots and hyphens, starting and ending with
 # a letter or digit (https://docs.aws.amazon.com/AmazonS3/latest/userguide/bucketnamingrules.html).
 S3_URL = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\s]*)?$")
+# How training runs (workloads_train_kind): the batch Job, or a Kubeflow kind from its component, folded from the Job
+# after kustomize (filter_plugins/train_kinds.py). HPO (workloads_hpo) adds the Katib Experiment's component.
+TRAIN_KINDS = ("job", "trainjob", "pytorchjob")
+TRAIN_KIND_COMPONENTS = {"trainjob": "components/trainjob", "pytorchjob": "components/pytorchjob"}
+HPO_COMPONENT = "components/katib-experiment"
+# The shared-storage component placement.py adds for a k3s cluster of several nodes (ReadWriteMany claims).
+SHARED_STORAGE_COMPONENT = "components/shared-storage"
+# The label of the nodes that take training (roles/k3s/filter_plugins/k3s_nodes.py LABEL_TRAIN; a test keeps it).
+TRAIN_NODE_LABEL = "dinops.io/train"
 
 
 class WorkloadsError(ValueError):
@@ -215,6 +227,11 @@ def site_plan(settings: dict[str, Any]) -> dict[str, Any]:
         notes.append(
             f"dinops_train is true but profile {profile} lists no train in gpu_profile.workloads {listed}: "
             "training is not applied on this host"
+        )
+    if settings.get("hpo") and not train:
+        notes.append(
+            f"workloads_hpo is true but profile {profile} does not train here (dinops_train and 'train' in "
+            "gpu_profile.workloads): no hyperparameter search is applied on this host"
         )
     apps = {
         "train": train,
@@ -415,6 +432,83 @@ def proxy_literals(proxy_env: dict[str, Any] | None, cluster: str, facts: dict[s
     return {name: value for key, value in values.items() for name in (key.upper(), key)}
 
 
+def train_kind_components(settings: dict[str, Any], plan: dict[str, Any]) -> list[str]:
+    """The components of how training runs, relative to k8s/: the kind's (workloads_train_kind trainjob or
+    pytorchjob) and Katib's (workloads_hpo), only when this host trains. Refuses, naming the setting, what cannot run:
+    an unknown kind, several training pods as a batch Job, on a one-node cluster, on more nodes than take training
+    (``cluster_nodes``: workloads_cluster_nodes, their TRAIN_NODE_LABEL) or without storage that every node mounts
+    (a data server's NFS, or the ReadWriteMany claims of a k3s cluster of several nodes): each pod reads the dataset
+    and rank 0 writes the checkpoints every pod resumes from."""
+    kind = str(settings.get("train_kind") or "job")
+    _require(kind in TRAIN_KINDS, f"workloads_train_kind must be one of {', '.join(TRAIN_KINDS)}, got {kind!r}")
+    raw = settings.get("train_nodes", 1)
+    _require(
+        not isinstance(raw, bool) and str(raw).strip().isdigit() and int(raw) >= 1,
+        f"workloads_train_nodes must be a whole number of training pods >= 1, got {raw!r}",
+    )
+    nodes = int(raw)
+    if nodes > 1:
+        _require(
+            kind != "job",
+            f"workloads_train_nodes is {nodes}, but a batch Job runs one training pod: set workloads_train_kind to "
+            "trainjob or pytorchjob (Kubeflow Trainer or the Training Operator, dinops_platform)",
+        )
+        cluster = settings.get("cluster") or _cluster_of(settings["overlay"])
+        _require(
+            cluster not in ("minikube", "docker"),
+            f"workloads_train_nodes is {nodes}, but a {cluster} cluster is one node and each training pod takes the "
+            "profile's gpu_count GPUs: use a k3s cluster of several train hosts, or 1",
+        )
+        labelled = [n for n in settings.get("cluster_nodes") or [] if (n.get("labels") or {}).get(TRAIN_NODE_LABEL)]
+        _require(
+            cluster == "none" or len(labelled) >= nodes,
+            f"workloads_train_nodes is {nodes}, but {len(labelled)} node(s) of the k3s cluster take training "
+            f"(label {TRAIN_NODE_LABEL}; 'train' in gpu_profile.workloads): add train hosts or lower it",
+        )
+        placement = settings.get("placement") or {}
+        shared = bool((settings.get("nfs") or {}).get("server")) or SHARED_STORAGE_COMPONENT in (
+            placement.get("components") or []
+        )
+        _require(
+            shared,
+            f"workloads_train_nodes is {nodes}: the training pods on different nodes all read the dataset and resume "
+            "from the checkpoints in the output volume, so both need storage every node mounts: a data server "
+            "(inventory group data_servers, or workloads_nfs_server) or, on a k3s cluster of several nodes, "
+            "workloads_shared_storage_class (a ReadWriteMany StorageClass)",
+        )
+    if not plan["apps"]["train"]:
+        return []
+    components = [TRAIN_KIND_COMPONENTS[kind]] if kind in TRAIN_KIND_COMPONENTS else []
+    if settings.get("hpo"):
+        components.append(HPO_COMPONENT)
+    return components
+
+
+def inference_service_component(settings: dict[str, Any], plan: dict[str, Any]) -> str:
+    """The component of inference as a KServe InferenceService (workloads_inference_service), relative to k8s/;
+    filter_plugins/inference_service.py folds the rendered Deployment dinops-serve into it. Refuses, naming the
+    setting, what cannot be: the Docker runtime (no KServe), a profile without inference, a client URL of one's own
+    (the component points the web client at KServe's Service dinops-predictor)."""
+    cluster = settings.get("cluster") or _cluster_of(settings["overlay"])
+    _require(
+        cluster != "docker",
+        "workloads_inference_service needs KServe on a Kubernetes cluster (the platform stage, platform_kserve); the "
+        "Docker runtime runs the Deployment dinops-serve as a container: set it false with dinops_cluster docker",
+    )
+    _require(
+        bool(plan["apps"]["serve"]),
+        f"workloads_inference_service is true, but this host's profile ({settings.get('profile') or 'default'}) runs "
+        "no inference: add inference to gpu_profile.workloads, or set it false",
+    )
+    client = ((settings.get("config") or {}).get("client") or {}).get("DINO_API_URL")
+    _require(
+        not client,
+        f"workloads_config.client.DINO_API_URL ({client!r}) and workloads_inference_service both say where the web "
+        "client calls inference; with the InferenceService it is KServe's Service http://dinops-predictor: drop one",
+    )
+    return ISVC_COMPONENT
+
+
 def site_kustomization(settings: dict[str, Any]) -> dict[str, Any]:
     """Build the generated ``kustomization.yaml`` of one host, the layer on top of one overlay.
 
@@ -430,6 +524,7 @@ def site_kustomization(settings: dict[str, Any]) -> dict[str, Any]:
     (the profile's list), download (optional override), node (node_allocatable's input; none: the manifests'
     requests stay), cluster_facts (facts/cluster.yml), proxy_env (http_proxy, https_proxy, no_proxy), placement
     ({components, patches, requests_node}: several k3s nodes).
+    How training runs (train_kind_components): train_kind, train_nodes, hpo, cluster_nodes.
     """
     overlay = settings["overlay"]
     _require(overlay in OVERLAYS, f"workloads_overlay must be one of {', '.join(OVERLAYS)}, got {overlay!r}")
@@ -470,6 +565,9 @@ def site_kustomization(settings: dict[str, Any]) -> dict[str, Any]:
     placement = settings.get("placement") or {}
     for component in placement.get("components") or []:
         components.append(f"{root}/{str(component).strip('/')}")
+    components.extend(f"{root}/{c}" for c in train_kind_components(settings, plan))
+    if settings.get("inference_service"):
+        components.append(f"{root}/{inference_service_component(settings, plan)}")
     config = {app: dict(values or {}) for app, values in (settings.get("config") or {}).items()}
     s3 = settings.get("s3") or {}
     for app, values in s3_config(s3).items():
@@ -556,6 +654,9 @@ def site_kustomization(settings: dict[str, Any]) -> dict[str, Any]:
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
         "resources": [f"{root}/overlays/{overlay}"],
+        # The base's namespace does not reach what this layer's components add (the checkpoint Job and its
+        # ConfigMaps, the Ingress, the Kubeflow and KServe kinds): set it here for every namespaced object.
+        "namespace": _namespace(settings.get("namespace") or "dinops"),
     }
     if components:
         kustomization["components"] = components
@@ -667,6 +768,14 @@ def nfs_patches(nfs: dict[str, Any]) -> list[dict[str, Any]]:
     return patches
 
 
+def _namespace(name: str) -> str:
+    _require(
+        bool(re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", str(name))),
+        f"workloads_namespace must be a Kubernetes namespace name (lower-case letters, digits, '-'), got {name!r}",
+    )
+    return str(name)
+
+
 def _image_key(key: str) -> str:
     """The images stage names images by app ('serve'); the manifests by image ('dinops-serve')."""
     name = key if key.startswith("dinops-") else f"dinops-{key}"
@@ -702,9 +811,14 @@ def _shm_patch(size: str) -> dict[str, Any]:
     return {"patch": json.dumps(patch)}
 
 
-def template_hash(job: dict[str, Any]) -> str:
-    canonical = json.dumps(job["spec"]["template"], sort_keys=True, separators=(",", ":"))
+def content_hash(value: Any) -> str:
+    """SHA-256 of a JSON value in canonical form (sorted keys, no blanks): the same content, the same hash."""
+    canonical = json.dumps(value, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def template_hash(job: dict[str, Any]) -> str:
+    return content_hash(job["spec"]["template"])
 
 
 def prepare_objects(objects: list[dict[str, Any]], train: bool, download: bool = True) -> list[dict[str, Any]]:
@@ -724,21 +838,28 @@ def prepare_objects(objects: list[dict[str, Any]], train: bool, download: bool =
     return prepared
 
 
+# The kinds whose template the API server does not let change in place: the role stamps them with a hash of what
+# they run and replaces them when it changes (TrainJob: CEL `self == oldSelf` on spec.trainer and spec.runtimeRef in
+# the v2.3.0 CRD; a PyTorchJob's running pods do not follow a changed spec).
+REPLACED_KINDS = ("Job", "TrainJob", "PyTorchJob")
+
+
 def jobs_to_replace(desired: list[dict[str, Any]], live_jobs: list[dict[str, Any]]) -> list[str]:
-    """Names of live Jobs whose template differs from the desired one (by the stamped hash)."""
+    """Names of live Jobs (TrainJobs, PyTorchJobs) whose template differs from the desired one of the same kind (by
+    the stamped hash). ``live_jobs``: what k8s_info returned, of one or several of REPLACED_KINDS (no kind: a Job)."""
     wanted = {
-        obj["metadata"]["name"]: obj["metadata"]["annotations"][TEMPLATE_HASH_ANNOTATION]
+        (obj["kind"], obj["metadata"]["name"]): obj["metadata"]["annotations"][TEMPLATE_HASH_ANNOTATION]
         for obj in desired
-        if obj.get("kind") == "Job"
+        if obj.get("kind") in REPLACED_KINDS
     }
     stale = []
     for job in live_jobs:
-        name = job["metadata"]["name"]
-        if name not in wanted:
+        key = (job.get("kind", "Job"), job["metadata"]["name"])
+        if key not in wanted:
             continue
         live_hash = (job["metadata"].get("annotations") or {}).get(TEMPLATE_HASH_ANNOTATION)
-        if live_hash != wanted[name]:
-            stale.append(name)
+        if live_hash != wanted[key]:
+            stale.append(key[1])
     return sorted(stale)
 
 
