@@ -51,9 +51,9 @@ def driver_plan_settings(release: str, kernel: str, kernel_flavour: str, **overr
     return settings
 
 
-def run_playbook(tmp: Path, play: list, inventory: str = "localhost,", config: str = "") -> None:
+def ansible_playbook(tmp: Path, play: list, inventory: str = "localhost,", config: str = ""):
     """Write ``play`` to tmp/play.yml and run it with this venv's ansible-playbook on ``inventory``, with an
-    ansible.cfg of its own (``config``: more [defaults] lines); fail the test with the output's end when it fails."""
+    ansible.cfg of its own (``config``: more [defaults] lines); return the finished process, failed or not."""
     import os
     import subprocess
 
@@ -61,10 +61,28 @@ def run_playbook(tmp: Path, play: list, inventory: str = "localhost,", config: s
 
     (tmp / "play.yml").write_text(yaml.safe_dump(play))
     (tmp / "ansible.cfg").write_text(f"[defaults]\nstdout_callback = ansible.builtin.default\n{config}")
-    result = subprocess.run(
+    return subprocess.run(
         [str(Path(sys.executable).parent / "ansible-playbook"), "-i", inventory, str(tmp / "play.yml"),
          "-e", f"ansible_python_interpreter={sys.executable}"],
         capture_output=True, text=True, check=False, timeout=300,
         env={**os.environ, "ANSIBLE_CONFIG": str(tmp / "ansible.cfg")},
     )  # fmt: skip
+
+
+def run_playbook(tmp: Path, play: list, inventory: str = "localhost,", config: str = "") -> None:
+    """:func:`ansible_playbook`, failing the test with the output's end when the play fails."""
+    result = ansible_playbook(tmp, play, inventory, config)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+def changed_tasks(result) -> list[str]:
+    """The names of the tasks that reported a change, from ansible-playbook's ``json`` stdout callback."""
+    import json
+
+    report = json.loads(result.stdout)
+    return [
+        task["task"]["name"]
+        for play in report["plays"]
+        for task in play["tasks"]
+        if any(host.get("changed") for host in task["hosts"].values())
+    ]

@@ -12,16 +12,13 @@ prints such canned answers.
 from __future__ import annotations
 
 import json
-import os
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
-from dinops_testing import load_plugin
+from dinops_testing import ansible_playbook, load_plugin
 
 REPO = Path(__file__).resolve().parents[2]
 rollout = load_plugin("roles/workloads/filter_plugins/rollout.py")
@@ -344,17 +341,7 @@ def run_wait(tmp: Path, answers: dict[str, object], applied: list[str]) -> subpr
                 REPO / "roles/workloads/tasks/wait.yml")}],
         }
     ]  # fmt: skip
-    (tmp / "play.yml").write_text(yaml.safe_dump(play))
-    (tmp / "ansible.cfg").write_text(
-        "[defaults]\nstdout_callback = ansible.builtin.default\n"
-        f"filter_plugins = {REPO}/roles/workloads/filter_plugins\n"
-    )
-    return subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", str(tmp / "play.yml"),
-         "-e", f"ansible_python_interpreter={sys.executable}"],
-        capture_output=True, text=True, check=False, timeout=300,
-        env={**os.environ, "ANSIBLE_CONFIG": str(tmp / "ansible.cfg")},
-    )  # fmt: skip
+    return ansible_playbook(tmp, play, config=f"filter_plugins = {REPO}/roles/workloads/filter_plugins\n")
 
 
 DONE = job("dinops-download", conditions=[{"type": "Complete", "status": "True"}])

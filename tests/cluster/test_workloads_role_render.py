@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from dinops_testing import changed_tasks
+
 REPO = Path(__file__).resolve().parents[2]
 # The example inventory's shape (inventories/example/group_vars/rtx3090.yml), with values of the test's own.
 PROFILE = {
@@ -81,16 +83,6 @@ def run_playbook(tmp: Path, extra: dict) -> subprocess.CompletedProcess:
         check=False,
         timeout=300,
     )
-
-
-def changed_tasks(result: subprocess.CompletedProcess) -> list[str]:
-    report = json.loads(result.stdout)
-    return [
-        task["task"]["name"]
-        for play in report["plays"]
-        for task in play["tasks"]
-        if any(host.get("changed") for host in task["hosts"].values())
-    ]
 
 
 @pytest.fixture(scope="module")

@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import re
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import kubernetes_validate
 import pytest
-import yaml
 from k8s.crd_schema import requires_crds, trial_parameter_references, validate
 from k8s.k8s_render import (
     HPO_DEFAULTS,
@@ -40,7 +37,7 @@ from k8s.k8s_render import (
     train_kind_variant,
 )
 
-from dinops_testing import load_plugin
+from dinops_testing import ansible_playbook, load_plugin
 
 REPO = Path(__file__).resolve().parents[2]
 workloads = load_workloads_filters()
@@ -679,17 +676,7 @@ def run_wait(tmp: Path, answers: dict, objects: list[dict]) -> subprocess.Comple
                       "workloads_unschedulable_grace": 60,
                       "workloads_fact_file": str(tmp / "facts.d" / "dinops_workloads.fact")},
              "tasks": [{"ansible.builtin.include_tasks": str(REPO / "roles/workloads/tasks/wait.yml")}]}]  # fmt: skip
-    (tmp / "play.yml").write_text(yaml.safe_dump(play))
-    (tmp / "ansible.cfg").write_text(
-        "[defaults]\nstdout_callback = ansible.builtin.default\n"
-        f"filter_plugins = {REPO}/roles/workloads/filter_plugins\n"
-    )
-    return subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", str(tmp / "play.yml"),
-         "-e", f"ansible_python_interpreter={sys.executable}"],
-        capture_output=True, text=True, check=False, timeout=300,
-        env={**os.environ, "ANSIBLE_CONFIG": str(tmp / "ansible.cfg")},
-    )  # fmt: skip
+    return ansible_playbook(tmp, play, config=f"filter_plugins = {REPO}/roles/workloads/filter_plugins\n")
 
 
 def test_wait_gates_a_trainjob_and_reports_the_search(tmp_path, folded):

@@ -394,16 +394,6 @@ def run_playbook(tmp: Path, play: list | None = None, extra: dict | None = None,
     )  # fmt: skip
 
 
-def changed_tasks(result: subprocess.CompletedProcess) -> list[str]:
-    report = json.loads(result.stdout)
-    return [
-        task["task"]["name"]
-        for play in report["plays"]
-        for task in play["tasks"]
-        if any(host.get("changed") for host in task["hosts"].values())
-    ]
-
-
 def failure_messages(result: subprocess.CompletedProcess) -> str:
     """The msg of every failed task (json callback), joined: what the user reads."""
     report = json.loads(result.stdout)
@@ -426,7 +416,7 @@ class Helpers:
     write_bundle = staticmethod(write_bundle)
     load_stream = staticmethod(load_stream)
     run_playbook = staticmethod(run_playbook)
-    changed_tasks = staticmethod(changed_tasks)
+    changed_tasks = staticmethod(dinops_testing.changed_tasks)
     failure_messages = staticmethod(failure_messages)
     deployment = staticmethod(deployment)
 
