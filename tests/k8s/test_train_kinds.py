@@ -554,6 +554,10 @@ def test_the_crds_the_layer_needs_name_the_setting_and_the_platform(folded):
     assert set(needed) == {"experiments.kubeflow.org", "trainingruntimes.trainer.kubeflow.org"}
     assert needed["experiments.kubeflow.org"].startswith("workloads_hpo needs Katib v0.19.0 (dinops_platform: true")
     assert [c["kind"] for c in train_kinds.kubeflow_crds([]) if c["live"]] == ["Experiment", "TrainJob", "PyTorchJob"]
+    isvc = [{"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService", "metadata": {"name": "dinops"}}]
+    needed = {c["crd"]: c["message"] for c in train_kinds.kubeflow_crds(isvc) if c["needed"]}
+    assert list(needed) == ["inferenceservices.serving.kserve.io"]
+    assert needed["inferenceservices.serving.kserve.io"].startswith("workloads_inference_service needs KServe v0.20.0")
 
 
 # --- The waits' readings ------------------------------------------------------------------------------------------

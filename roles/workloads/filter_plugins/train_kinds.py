@@ -124,6 +124,9 @@ KUBEFLOW_CRDS = (
      "the Training Operator v1.9.4 (dinops_platform: true, platform_training_operator: true)"),
     ("trainingruntimes.trainer.kubeflow.org", TRAINER_API, "TrainingRuntime", False, "workloads_train_kind trainjob",
      _TRAINER),
+    # Not a training kind, but checked, read and torn down the same way (filter_plugins/inference_service.py).
+    ("inferenceservices.serving.kserve.io", "serving.kserve.io/v1beta1", "InferenceService", False,
+     "workloads_inference_service", "KServe v0.20.0 (dinops_platform: true, platform_kserve: true)"),
 )  # fmt: skip
 
 
@@ -577,8 +580,9 @@ def train_kinds(objects: list[dict[str, Any]], settings: dict[str, Any]) -> list
 
 
 def kubeflow_crds(objects: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
-    """The CRDs of the Kubeflow kinds: [{crd, api_version, kind, live (the role reads the live objects of the kind),
-    needed (``objects`` hold one), message (what to set when it is needed and not served)}]."""
+    """The CRDs of the Kubeflow kinds and KServe's InferenceService: [{crd, api_version, kind, live (the role reads
+    the live objects of the kind), needed (``objects`` hold one), message (what to set when it is needed and not
+    served)}]."""
     kinds = {(o.get("apiVersion"), o.get("kind")) for o in objects or [] if o}
     return [
         {"crd": crd, "api_version": api, "kind": kind, "live": live, "needed": (api, kind) in kinds,
