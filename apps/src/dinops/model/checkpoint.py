@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from dinops.model.config import DINOConfig
+from dinops.model.inference import refuse_optimized
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,7 @@ def load_checkpoint(
     checkpoint's class count differs, the class heads and ``label_enc`` are dropped (logged) and keep the model's
     fresh initialisation: the fine-tuning case. Any other shape mismatch is an error naming the keys.
     """
+    refuse_optimized(model, f"load {path} into it")
     checkpoint = read_checkpoint(path) if checkpoint is None else checkpoint
     state = dict(checkpoint["model"])
     wanted = num_classes if num_classes is not None else getattr(model, "num_classes", None)
@@ -158,6 +160,7 @@ def load_checkpoint(
 
 def save_checkpoint(path: str | Path, model: nn.Module, config: DINOConfig | None = None, **extra: Any) -> None:
     """Write ``{'model': state_dict, 'args': config dict, **extra}`` atomically (temp file, then rename)."""
+    refuse_optimized(model, f"save {path} as a checkpoint")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload: dict[str, Any] = {"model": model.state_dict(), **extra}

@@ -45,7 +45,10 @@ class DeformableDecoderLayer(nn.Module):
         """tgt, query_pos ``[B, Q, C]``; reference_points ``[B, Q, L, 4]``; memory ``[B, S, C]``;
         memory_padding_mask ``[B, S]`` True = padding; self_attn_mask ``[Q, Q]`` bool, True = may not attend."""
         q = (tgt + query_pos).transpose(0, 1)  # nn.MultiheadAttention is sequence-first here, as officially
-        attended = self.self_attn(q, q, tgt.transpose(0, 1), attn_mask=self_attn_mask)[0].transpose(0, 1)
+        # need_weights=False: the averaged attention map is never used, and without it PyTorch takes its fused
+        # scaled-dot-product kernel (on 900 queries the explicit path wrote and softmaxed [heads, 900, 900] maps).
+        attended = self.self_attn(q, q, tgt.transpose(0, 1), attn_mask=self_attn_mask, need_weights=False)[0]
+        attended = attended.transpose(0, 1)
         tgt = self.norm2(tgt + self.dropout2(attended))
         attended = self.cross_attn(tgt + query_pos, reference_points, memory, spatial_shapes, memory_padding_mask)
         tgt = self.norm1(tgt + self.dropout1(attended))

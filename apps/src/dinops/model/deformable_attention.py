@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dinops.model.ms_deform_attn_core import SpatialShapes, ms_deform_attn
+from dinops.model.ms_deform_attn_core import PreparedValue, SpatialShapes, prepare_value, sample, sample_pixels
 
 
 class MSDeformAttn(nn.Module):
@@ -61,17 +61,27 @@ class MSDeformAttn(nn.Module):
         ``[B, Q, L, 4]`` boxes (cx, cy, w, h), offsets scale with the box (``off / n_points * wh * 0.5``).
         Returns ``[B, Q, C]``.
         """
-        batch, queries, _ = query.shape
-        tokens = input_flatten.shape[1]
+        return self.attend(query, reference_points, self.prepare(input_flatten, spatial_shapes, input_padding_mask))
+
+    def prepare(
+        self, input_flatten: Tensor, spatial_shapes: SpatialShapes, input_padding_mask: Tensor | None = None
+    ) -> PreparedValue:
+        """The projected values of the map, laid out once for any number of :meth:`attend` calls."""
+        batch, tokens, _ = input_flatten.shape
         value = self.value_proj(input_flatten)
         if input_padding_mask is not None:
             value = value.masked_fill(input_padding_mask[..., None], 0.0)
         value = value.view(batch, tokens, self.n_heads, self.d_model // self.n_heads)
+        return prepare_value(value, spatial_shapes, self.n_points)
+
+    def attend(self, query: Tensor, reference_points: Tensor, prepared: PreparedValue) -> Tensor:
+        """Queries ``[B, Q, C]`` (all of them or a chunk) with their reference points -> ``[B, Q, C]``."""
+        batch, queries, _ = query.shape
         offsets = self.sampling_offsets(query).view(batch, queries, self.n_heads, self.n_levels, self.n_points, 2)
         weights = self.attention_weights(query).view(batch, queries, self.n_heads, self.n_levels * self.n_points)
         weights = F.softmax(weights, -1).view(batch, queries, self.n_heads, self.n_levels, self.n_points)
         if reference_points.shape[-1] == 2:
-            shapes = torch.tensor(spatial_shapes, dtype=query.dtype, device=query.device)
+            shapes = torch.tensor(prepared.spatial_shapes, dtype=query.dtype, device=query.device)
             normalizer = torch.stack([shapes[:, 1], shapes[:, 0]], -1)  # (W, H) per level
             locations = reference_points[:, :, None, :, None, :] + offsets / normalizer[None, None, None, :, None, :]
         elif reference_points.shape[-1] == 4:
@@ -81,5 +91,15 @@ class MSDeformAttn(nn.Module):
             )
         else:
             raise ValueError(f"reference_points must end in 2 or 4 values, got {tuple(reference_points.shape)}")
-        output = ms_deform_attn(value, spatial_shapes, locations, weights)
-        return self.output_proj(output)
+        return self.output_proj(sample(prepared, locations, weights))
+
+    def attend_pixels(self, query: Tensor, reference_pixels: Tensor, prepared: PreparedValue) -> Tensor:
+        """:meth:`attend` for 2-value reference points given as pixel coordinates ``[B, Q, 1, L, P, 2]``
+        (``ref * (W_l, H_l) - 0.5``, expanded over the points): the sampling pixel is that plus the offset, which is
+        ``(ref + offset / (W_l, H_l)) * (W_l, H_l) - 0.5`` without the division (the encoder's fast path)."""
+        batch, queries, _ = query.shape
+        pixels = self.sampling_offsets(query).view(batch, queries, self.n_heads, self.n_levels, self.n_points, 2)
+        pixels = pixels.add_(reference_pixels)
+        weights = self.attention_weights(query).view(batch, queries, self.n_heads, self.n_levels * self.n_points)
+        weights = F.softmax(weights, -1).view(batch, queries, self.n_heads, self.n_levels, self.n_points)
+        return self.output_proj(sample_pixels(prepared, pixels, weights))

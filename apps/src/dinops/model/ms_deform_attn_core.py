@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +37,7 @@ SpatialShapes = Sequence[tuple[int, int]]
 CoreFn = Callable[[Tensor, SpatialShapes, Tensor, Tensor], Tensor]
 
 _SELF_CHECK_TOLERANCE = 1e-5
+FLOAT_ROWS_LIMIT = 2**24  # table rows are computed in float below this: every integer up to 2**24 is exact in float32
 _chosen: dict[str, str] = {}  # device type -> backend that passed the self-check there
 _forced: str | None = None
 
@@ -93,40 +95,102 @@ def _tap_weights(attention_weights: Tensor, frac: Tensor) -> Tensor:
     return weights
 
 
-def ms_deform_attn_gather(
-    value: Tensor, spatial_shapes: SpatialShapes, sampling_locations: Tensor, attention_weights: Tensor
-) -> Tensor:
-    """Gather-and-sum implementation with ``F.embedding_bag`` (see the module docstring for the contract)."""
+@dataclass(frozen=True)
+class SamplingTable:
+    """``value`` laid out once for the gather backend, so that several sampling calls (the encoder's token chunks)
+    share it and its per-level constants.
+
+    ``table``: rows ``[B*S'*M, D]`` of the zero-padded levels (:func:`_padded_table`). The constants are
+    materialised as ``[L, P, ...]`` so that every broadcast runs over contiguous inner blocks of L*P values (much
+    faster on CPU than broadcasting a ``[L, 1]`` tensor): ``sizes`` (W, H), ``padded_width`` ``[L, 1]``, ``origin``
+    (the row of pixel (0, 0) of each level, 1 pixel of padding before it in x and y) and ``taps`` (row offsets of the
+    4 bilinear neighbours).
+    """
+
+    table: Tensor
+    batch: int
+    heads: int
+    channels: int
+    sizes: Tensor
+    padded_width: Tensor
+    origin: Tensor
+    taps: Tensor
+    rows_per_y: Tensor  # [L, P] padded_width * heads, in the sampling dtype
+    _rows_origin: dict[int, Tensor] = field(default_factory=dict, compare=False)
+
+    def rows_origin(self, padded_tokens: int) -> Tensor:
+        """``[B, 1, M, L, P]`` (sampling dtype): the table row of pixel (0, 0) of each image, head and level."""
+        if padded_tokens not in self._rows_origin:
+            image = torch.arange(self.batch, device=self.origin.device).view(-1, 1, 1, 1, 1) * (
+                padded_tokens * self.heads
+            )
+            head = torch.arange(self.heads, device=self.origin.device).view(1, 1, -1, 1, 1)
+            origin = (self.origin * self.heads).view(1, 1, 1, *self.origin.shape)
+            self._rows_origin[padded_tokens] = (image + head + origin).to(self.rows_per_y.dtype)
+        return self._rows_origin[padded_tokens]
+
+
+def gather_table(value: Tensor, spatial_shapes: SpatialShapes, points: int) -> SamplingTable:
+    """Lay ``value [B, S, M, D]`` out for :func:`gather_from_table` with ``points`` samples per head and level."""
     batch, _, heads, channels = value.shape
-    _, queries, _, levels, points, _ = sampling_locations.shape
-    device = sampling_locations.device
+    levels, device = len(spatial_shapes), value.device
     table, starts = _padded_table(value, spatial_shapes)
-    padded_tokens = table.shape[0] // (batch * heads)
-    # Per-(level, point) constants, materialised as [L, P, ...] so that every broadcast below runs over
-    # contiguous inner blocks of L*P values (much faster on CPU than broadcasting a [L, 1] tensor).
-    sizes = torch.tensor([[w, h] for h, w in spatial_shapes], dtype=sampling_locations.dtype, device=device)
+    sizes = torch.tensor([[w, h] for h, w in spatial_shapes], dtype=value.dtype, device=device)
     sizes = sizes[:, None].expand(levels, points, 2).contiguous()
     padded_width = torch.tensor([w + 3 for _, w in spatial_shapes], dtype=torch.int32, device=device)
-    # Row offset of pixel (0, 0) of each level (1 pixel of padding before it in x and y), in table rows.
     origin = torch.tensor(starts, dtype=torch.int32, device=device) + padded_width + 1
     origin = origin[:, None].expand(levels, points).contiguous()
     step_y = (padded_width * heads)[:, None, None]
     taps = torch.cat([torch.zeros_like(step_y), torch.full_like(step_y, heads), step_y, step_y + heads], -1)
-    taps = taps.expand(levels, points, 4).contiguous()  # row offsets of the 4 bilinear taps
-    # Pixel coordinates (align_corners=False), clamped to [-1, size]: beyond that every tap is outside the map,
-    # and the clamped location still reads only zero padding. On maps ~100 pixels wide float32 rounding of this
-    # coordinate alone makes any two implementations differ by ~1e-5 (both are that far from float64).
-    pixel = sampling_locations * sizes - 0.5
-    pixel = torch.minimum(pixel.clamp_(min=-1.0), sizes)
+    taps = taps.expand(levels, points, 4).contiguous()
+    rows_per_y = (padded_width * heads)[:, None].expand(levels, points).to(value.dtype).contiguous()
+    return SamplingTable(table, batch, heads, channels, sizes, padded_width[:, None], origin, taps, rows_per_y)
+
+
+def ms_deform_attn_gather(
+    value: Tensor, spatial_shapes: SpatialShapes, sampling_locations: Tensor, attention_weights: Tensor
+) -> Tensor:
+    """Gather-and-sum implementation with ``F.embedding_bag`` (see the module docstring for the contract)."""
+    prepared = gather_table(value, spatial_shapes, sampling_locations.shape[4])
+    return gather_from_table(prepared, sampling_locations, attention_weights)
+
+
+def gather_from_table(prepared: SamplingTable, sampling_locations: Tensor, attention_weights: Tensor) -> Tensor:
+    """Sample a :class:`SamplingTable`: locations ``[B, Q, M, L, P, 2]``, weights ``[B, Q, M, L, P]`` ->
+    ``[B, Q, M*D]``. Q may be any number of queries (a chunk of the encoder's tokens)."""
+    # Pixel coordinates (align_corners=False). On maps ~100 pixels wide float32 rounding of this coordinate alone
+    # makes any two implementations differ by ~1e-5 (both are that far from float64).
+    return gather_pixels(prepared, sampling_locations * prepared.sizes - 0.5, attention_weights)
+
+
+def gather_pixels(prepared: SamplingTable, pixels: Tensor, attention_weights: Tensor) -> Tensor:
+    """:func:`gather_from_table` with the locations given as pixel coordinates ``loc * (W, H) - 0.5`` of each level
+    (``[B, Q, M, L, P, 2]``, overwritten)."""
+    table, batch, heads, channels = prepared.table, prepared.batch, prepared.heads, prepared.channels
+    sizes, padded_width, origin, taps = prepared.sizes, prepared.padded_width, prepared.origin, prepared.taps
+    _, queries, _, levels, points, _ = pixels.shape
+    device = pixels.device
+    padded_tokens = table.shape[0] // (batch * heads)
+    # Clamped to [-1, size]: beyond that every tap is outside the map, and the clamped location still reads only
+    # zero padding.
+    pixel = pixels.clamp_(min=-1.0)
+    pixel = torch.minimum(pixel, sizes) if pixel.requires_grad else torch.minimum(pixel, sizes, out=pixel)
     corner = pixel.floor()
     frac = pixel.sub_(corner)
-    corner = corner.int()
-    base = corner[..., 1] * padded_width[:, None] + corner[..., 0] + origin  # [B, Q, M, L, P] token in level
-    offset = torch.arange(batch, dtype=torch.int32, device=device).view(batch, 1, 1) * (padded_tokens * heads)
-    offset = offset + torch.arange(heads, dtype=torch.int32, device=device).view(1, 1, heads)
-    base = (base * heads).add_(offset[..., None, None])
+    # Table row of each sample's top-left tap: (y * padded_width + x + origin) * heads + head + image offset.
+    if table.shape[0] < FLOAT_ROWS_LIMIT and pixel.dtype in (torch.float32, torch.float64):
+        rows_origin = prepared.rows_origin(padded_tokens)
+        base = torch.addcmul(rows_origin, corner[..., 1], prepared.rows_per_y).add_(corner[..., 0], alpha=heads)
+        base = base.nan_to_num_(nan=0.0).int()  # a NaN location samples row 0 with NaN weights: NaN, as grid_sample
+    else:
+        corner = corner.int()
+        base = corner[..., 1] * padded_width + corner[..., 0] + origin  # [B, Q, M, L, P] token in level
+        offset = torch.arange(batch, dtype=torch.int32, device=device).view(batch, 1, 1) * (padded_tokens * heads)
+        offset = offset + torch.arange(heads, dtype=torch.int32, device=device).view(1, 1, heads)
+        base = (base * heads).add_(offset[..., None, None])
     rows = base[..., None] + taps  # [B, Q, M, L, P, 4]
-    rows = rows.clamp_(0, table.shape[0] - 1)  # only NaN locations can leave the table; keep the gather legal
+    if table.shape[0] >= FLOAT_ROWS_LIMIT:
+        rows = rows.clamp_(0, table.shape[0] - 1)  # only NaN locations can leave the table; keep the gather legal
     weights = _tap_weights(attention_weights, frac)
     rows = rows.view(batch * queries * heads, levels * points * 4)
     weights = weights.reshape(batch * queries * heads, levels * points * 4)
@@ -180,6 +244,61 @@ def set_deformable_attention_backend(name: str | None) -> None:
     _forced = name
 
 
+@dataclass(frozen=True)
+class PreparedValue:
+    """``value`` ready for one or more :func:`sample` calls with the backend of its device: the gather backend's
+    :class:`SamplingTable` is built once, so the encoder's token chunks share it. ``dtype`` is the caller's value
+    dtype (the output's); sampling itself runs in float32 or float64."""
+
+    backend: str
+    value: Tensor
+    spatial_shapes: list[tuple[int, int]]
+    dtype: torch.dtype
+    table: SamplingTable | None
+
+
+def prepare_value(value: Tensor, spatial_shapes: SpatialShapes, points: int) -> PreparedValue:
+    """Lay out ``value [B, S, M, D]`` for :func:`sample` with ``points`` samples per head and level."""
+    backend = deformable_attention_backend(value.device)
+    dtype = value.dtype
+    if dtype not in (torch.float32, torch.float64):
+        value = value.float()
+    shapes = [(int(h), int(w)) for h, w in spatial_shapes]
+    table = gather_table(value, shapes, points) if backend == "gather" else None
+    return PreparedValue(backend, value, shapes, dtype, table)
+
+
+def sample(prepared: PreparedValue, sampling_locations: Tensor, attention_weights: Tensor) -> Tensor:
+    """Sample ``prepared`` at ``[B, Q, M, L, P, 2]`` locations with ``[B, Q, M, L, P]`` weights -> ``[B, Q, M*D]``
+    in the prepared value's dtype. Q is any number of queries (all of them, or a chunk)."""
+    return _sample(prepared, attention_weights, locations=sampling_locations)
+
+
+def sample_pixels(prepared: PreparedValue, pixels: Tensor, attention_weights: Tensor) -> Tensor:
+    """:func:`sample` with the locations as pixel coordinates ``loc * (W_l, H_l) - 0.5`` (``[B, Q, M, L, P, 2]``;
+    the encoder's fast path adds the offsets to pixel references it computed once)."""
+    return _sample(prepared, attention_weights, pixels=pixels)
+
+
+def _sample(
+    prepared: PreparedValue, weights: Tensor, *, locations: Tensor | None = None, pixels: Tensor | None = None
+) -> Tensor:
+    compute = prepared.value.dtype
+    weights = weights.to(compute)
+    with torch.autocast(prepared.value.device.type, enabled=False):
+        if prepared.table is not None and pixels is not None:
+            output = gather_pixels(prepared.table, pixels.to(compute), weights)
+        elif prepared.table is not None:
+            output = gather_from_table(prepared.table, locations.to(compute), weights)
+        else:
+            if locations is None:
+                sizes = torch.tensor([[w, h] for h, w in prepared.spatial_shapes], dtype=compute, device=weights.device)
+                locations = (pixels.to(compute) + 0.5) / sizes[:, None]
+            backend = BACKENDS[prepared.backend]
+            output = backend(prepared.value, prepared.spatial_shapes, locations.to(compute), weights)
+    return output.to(prepared.dtype)
+
+
 def ms_deform_attn(
     value: Tensor, spatial_shapes: SpatialShapes, sampling_locations: Tensor, attention_weights: Tensor
 ) -> Tensor:
@@ -188,9 +307,6 @@ def ms_deform_attn(
     Sampling runs in float32 (or float64) even under autocast: in bfloat16 a pixel coordinate near 100 would be
     rounded to half a pixel.
     """
-    backend = BACKENDS[deformable_attention_backend(value.device)]
-    if value.dtype in (torch.float32, torch.float64):
-        return backend(value, spatial_shapes, sampling_locations.to(value.dtype), attention_weights.to(value.dtype))
-    with torch.autocast(value.device.type, enabled=False):
-        output = backend(value.float(), spatial_shapes, sampling_locations.float(), attention_weights.float())
-    return output.to(value.dtype)
+    return sample(
+        prepare_value(value, spatial_shapes, sampling_locations.shape[4]), sampling_locations, attention_weights
+    )

@@ -54,7 +54,7 @@ def readyz():
         device=str(detector.device),
         backend=detector.info.get("backend", "pytorch"),
         checkpoint=detector.info.get("checkpoint"),
-        precision=detector.precision if detector.device.type == "cuda" else "fp32",
+        precision=detector.precision,
         warmup_s=None if runtime.warmup_s is None else round(runtime.warmup_s, 3),
         model=detector.info,
         batching={

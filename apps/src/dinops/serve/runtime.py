@@ -47,6 +47,7 @@ from dinops.serve.batching import Batcher
 from dinops.serve.detector import Detector, Prediction, load_detector
 from dinops.serve.metrics import Metrics
 from dinops.serve.s3_checkpoint import ObjectIdentity, S3Checkpoint
+from dinops.serve.threads import torch_threads
 
 log = logging.getLogger(__name__)
 
@@ -237,10 +238,12 @@ class ModelRuntime:
                 identity = self.source.identity()
             if isinstance(self.source, S3Checkpoint) and identity is None:
                 raise s3.S3Error(f"checkpoint {self.checkpoint} does not exist (DINO_CHECKPOINT)")
-            if first and self.config["TORCH_THREADS"] > 0:
+            if first:
                 import torch
 
-                torch.set_num_threads(self.config["TORCH_THREADS"])
+                threads, source = torch_threads(self.config["TORCH_THREADS"])
+                torch.set_num_threads(threads)
+                log.info("torch uses %d CPU threads (%s)", threads, source)
             config = dict(self.config)
             if isinstance(self.source, S3Checkpoint):
                 fetched = self.source.fetch(identity)

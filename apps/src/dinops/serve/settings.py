@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from dinops.settings import Setting, fraction, non_negative_float, positive_float, positive_int
+from dinops.settings import Setting, fraction, non_negative_float, non_negative_int, positive_float, positive_int
 
 ENV_PREFIXES = ("DINO_",)
 
@@ -62,7 +62,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "precision",
         "fp32",
-        "fp32, or bf16/fp16 autocast on a GPU (ignored on CPU)",
+        "fp32; bf16 autocast on a GPU or on a CPU with native bfloat16 (AVX-512 BF16 or AMX; refused on other "
+        "CPUs); fp16 autocast on a GPU only",
         env="DINO_PRECISION",
         choices=("fp32", "bf16", "fp16"),
     ),
@@ -96,9 +97,17 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "torch_threads",
         0,
-        "CPU threads of torch's operators (0: torch's default, all cores; set it to the pod's CPU limit)",
-        type=int,
+        "CPU threads of torch's operators (0: the container's CPU limit, rounded up, else the usable cores)",
+        type=non_negative_int,
         env="DINO_TORCH_THREADS",
+    ),
+    Setting(
+        "fast_path",
+        True,
+        "the fast inference path: batch norm folded into the convolutions, channels-last backbone, encoder in token "
+        "chunks (docs/model.md); false: the reference path as trained",
+        type=bool,
+        env="DINO_FAST_PATH",
     ),
     Setting("warmup", True, "run one forward pass before reporting ready", type=bool, env="DINO_WARMUP"),
     Setting(

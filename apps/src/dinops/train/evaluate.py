@@ -74,6 +74,7 @@ def warn_on_other_names(trained: list[dict] | None, evaluated: list[dict], annot
 def run(args: argparse.Namespace) -> dict:
     from dinops.model import build_dino, load_checkpoint, postprocess
     from dinops.model.checkpoint import checkpoint_config, read_checkpoint
+    from dinops.model.inference import optimize_for_inference
 
     root = Path(args.data_root)
     images = args.val_images or str(root / "val2017")
@@ -97,7 +98,7 @@ def run(args: argparse.Namespace) -> dict:
     )
     model = build_dino(cfg.replace(backbone_weights=None))
     load_checkpoint(model, args.checkpoint, num_classes=cfg.num_classes)
-    model.to(device)
+    optimize_for_inference(model).to(device)  # the fast path, as dinops serve (docs/model.md)
     sampler = ResumableBatchSampler(len(dataset), args.batch_size, shuffle=False, drop_last=False)
     loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, num_workers=args.num_workers)
     detections = predict(model, postprocess, loader, device, args.amp, args.num_select or cfg.num_select, args.progress)
