@@ -101,7 +101,8 @@ browser: $(VENV)/.dev ## The web client in a real headless Chromium
 demo: $(VENV)/.dev docker ## The CPU demo end to end: site.yml on this machine's Docker, a kill and resume, a browser, changed=0
 	scripts/pytest-stage.sh -m demo -s $(PYTEST_ARGS)
 
-bench: $(VENV)/.dev ## Benchmarks that print figures (model, training, serving, downloader, images)
+bench: $(VENV)/.dev ## Benchmarks that print figures (model vs official, precision, training, serving, downloader, images)
+	@scripts/system-packages.sh bench
 	@for b in apps/bench/bench_*.py; do echo "=== $$b"; python $$b || exit 1; done
 
 clean: ## Remove caches (keeps the venv)

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Install the Debian/Ubuntu packages that the given purpose needs, only those missing (no apt-get update when
-# nothing is missing). Purposes: controller (make up), test (make test).
+# nothing is missing). Purposes: controller (make up), test (make test), bench (make bench: hey, the HTTP load generator).
 set -euo pipefail
-purpose=${1:?usage: system-packages.sh controller|test}
+purpose=${1:?usage: system-packages.sh controller|test|bench}
 case $purpose in
   controller) wanted=(python3-venv git) ;;
   test) wanted=(python3-venv git docker.io debootstrap chromium openssh-client rsync) ;;
+  bench) wanted=(hey) ;;
   *) echo "unknown purpose $purpose" >&2; exit 2 ;;
 esac
 missing=()

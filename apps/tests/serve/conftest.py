@@ -61,7 +61,8 @@ def make_detector(model: torch.nn.Module | None = None) -> Detector:
     )
 
 
-BASE_CONFIG = {"TESTING": True, "THRESHOLD": 0.3, "BATCH_MAX_WAIT_MS": 1.0, "WARMUP": True}
+# The fake model runs on the CPU: batching as on a GPU (CPU_BATCH_MAX_SIZE defaults to 1, batching off).
+BASE_CONFIG = {"TESTING": True, "THRESHOLD": 0.3, "BATCH_MAX_WAIT_MS": 1.0, "WARMUP": True, "CPU_BATCH_MAX_SIZE": 64}
 
 
 @pytest.fixture

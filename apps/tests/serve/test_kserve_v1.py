@@ -14,6 +14,7 @@ SERVER_ENV = {
     "DINO_MIN_SIZE": "64",
     "DINO_MAX_SIZE": "96",
     "DINO_BATCH_MAX_WAIT_MS": "100",
+    "DINO_CPU_BATCH_MAX_SIZE": "8",  # the batching tests run on a CPU
     "DINO_MAX_UPLOAD_MB": "1",
     "DINO_QUEUE_SIZE": "8",
 }

@@ -15,7 +15,13 @@ from dinops.serve.app import settings_config
 from dinops.serve.detector import load_detector
 from dinops.serve.testing import free_port, running, write_small_checkpoint
 
-SERVER_ENV = {"DINO_MIN_SIZE": "64", "DINO_MAX_SIZE": "96", "DINO_BATCH_MAX_WAIT_MS": "200", "DINO_THREADS": "16"}
+SERVER_ENV = {
+    "DINO_MIN_SIZE": "64",
+    "DINO_MAX_SIZE": "96",
+    "DINO_BATCH_MAX_WAIT_MS": "200",
+    "DINO_CPU_BATCH_MAX_SIZE": "8",  # batching on, as on a GPU: the batching test runs on a CPU
+    "DINO_THREADS": "16",
+}
 
 
 @pytest.fixture(scope="session")

@@ -58,7 +58,7 @@ def readyz():
         warmup_s=None if runtime.warmup_s is None else round(runtime.warmup_s, 3),
         model=detector.info,
         batching={
-            "max_batch": current_app.config["BATCH_MAX_SIZE"],
+            "max_batch": runtime.batcher.max_batch if runtime.batcher else current_app.config["BATCH_MAX_SIZE"],
             "max_wait_ms": current_app.config["BATCH_MAX_WAIT_MS"],
             "queue_size": current_app.config["QUEUE_SIZE"],
         },

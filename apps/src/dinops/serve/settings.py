@@ -155,9 +155,17 @@ SETTINGS: tuple[Setting, ...] = (
         env="DINO_BATCH_MAX_SIZE",
     ),
     Setting(
+        "cpu_batch_max_size",
+        1,
+        "most images in one forward pass when the model runs on a CPU (at most batch_max_size): batching earned "
+        "nothing there (docs/api.md, Speed); raise it on CPUs with many cores and small images",
+        type=positive_int,
+        env="DINO_CPU_BATCH_MAX_SIZE",
+    ),
+    Setting(
         "batch_max_wait_ms",
-        10.0,
-        "longest wait for more images before a batch runs",
+        0.0,
+        "longest wait for more images before a batch runs (0: a batch takes what is queued when the model is free)",
         type=non_negative_float,
         env="DINO_BATCH_MAX_WAIT_MS",
     ),
