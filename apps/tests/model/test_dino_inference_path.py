@@ -16,6 +16,7 @@ from torch import nn
 from torchvision.ops.misc import FrozenBatchNorm2d
 
 from dinops.model import DINOConfig, build_dino, load_checkpoint, save_checkpoint, set_deformable_attention_backend
+from dinops.model import deformable_attention as attention
 from dinops.model import inference as fast
 from dinops.model import ms_deform_attn_core as core
 from dinops.model.backbone import Backbone
@@ -162,3 +163,30 @@ def test_bfloat16_support_is_onednns_answer(monkeypatch: pytest.MonkeyPatch) -> 
 
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", broken)
     assert fast.cpu_bfloat16_supported() is False
+
+
+def test_under_bfloat16_autocast_the_chunked_layer_samples_at_float32_pixels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Autocast makes the offsets bfloat16; the reference path's ``ref + offset / size`` promotes to float32, and so
+    must the fast path's ``pixel reference + offset`` (in bfloat16 a pixel near 13 is off by up to 1/32)."""
+    torch.manual_seed(1)
+    layer = DeformableEncoderLayer(
+        d_model=32, d_ffn=48, dropout=0.0, activation="relu", n_levels=4, n_heads=4, n_points=3
+    )
+    for param in layer.parameters():
+        nn.init.normal_(param, std=0.3)
+    layer = layer.eval()
+    inputs = tuple(t.float() if torch.is_tensor(t) and t.is_floating_point() else t for t in _encoder_layer_inputs())
+    seen: list[torch.dtype] = []
+    original = attention.sample_pixels
+
+    def spy(prepared, pixels, weights):
+        seen.append(pixels.dtype)
+        return original(prepared, pixels, weights)
+
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        reference = layer(*inputs)
+        layer.chunk_tokens = 16
+        monkeypatch.setattr(attention, "sample_pixels", spy)
+        fast = layer(*inputs)
+    assert seen and set(seen) == {torch.float32}
+    assert (fast.float() - reference.float()).abs().max() < 0.1

@@ -98,8 +98,13 @@ class MSDeformAttn(nn.Module):
         (``ref * (W_l, H_l) - 0.5``, expanded over the points): the sampling pixel is that plus the offset, which is
         ``(ref + offset / (W_l, H_l)) * (W_l, H_l) - 0.5`` without the division (the encoder's fast path)."""
         batch, queries, _ = query.shape
-        pixels = self.sampling_offsets(query).view(batch, queries, self.n_heads, self.n_levels, self.n_points, 2)
-        pixels = pixels.add_(reference_pixels)
+        offsets = self.sampling_offsets(query).view(batch, queries, self.n_heads, self.n_levels, self.n_points, 2)
+        # In place when both are float32; under autocast the offsets are bfloat16 and the sum must be float32, as the
+        # reference path's ``ref + offset / size`` is by type promotion (a pixel near 100 in bfloat16 is off by 0.25).
+        if offsets.dtype == reference_pixels.dtype:
+            pixels = offsets.add_(reference_pixels)
+        else:
+            pixels = reference_pixels + offsets
         weights = self.attention_weights(query).view(batch, queries, self.n_heads, self.n_levels * self.n_points)
         weights = F.softmax(weights, -1).view(batch, queries, self.n_heads, self.n_levels, self.n_points)
         return self.output_proj(sample_pixels(prepared, pixels, weights))
