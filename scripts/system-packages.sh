@@ -5,7 +5,7 @@ set -euo pipefail
 purpose=${1:?usage: system-packages.sh controller|test|bench}
 case $purpose in
   controller) wanted=(python3-venv git) ;;
-  test) wanted=(python3-venv git docker.io debootstrap chromium openssh-client rsync) ;;
+  test) wanted=(python3-venv git docker.io debootstrap debian-archive-keyring chromium openssh-client rsync) ;;
   bench) wanted=(hey) ;;
   *) echo "unknown purpose $purpose" >&2; exit 2 ;;
 esac
@@ -16,5 +16,5 @@ done
 [ ${#missing[@]} -eq 0 ] && exit 0
 sudo=$([ "$(id -u)" -eq 0 ] && echo "" || echo sudo)
 echo "installing system packages: ${missing[*]}"
-$sudo apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+$sudo apt-get -o DPkg::Lock::Timeout=600 update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
