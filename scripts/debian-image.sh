@@ -14,6 +14,11 @@ name=${1:?usage: debian-image.sh NAME[:TAG] [PACKAGE ...]}
 shift
 suite=${DEBIAN_SUITE:-bookworm}
 mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+# The Release file's signature is checked against Debian's archive keyring, always: with an explicit mirror and no
+# keyring debootstrap only warns and installs unverified packages fetched over plain HTTP (debootstrap's
+# `functions`, keyring(): the warning branch when USER_MIRROR is set), which is what Ubuntu's debootstrap does,
+# since it recommends ubuntu-keyring rather than debian-archive-keyring (round2-hosts-cluster F8).
+keyring=${DEBIAN_KEYRING:-/usr/share/keyrings/debian-archive-keyring.gpg}
 components=${DEBIAN_COMPONENTS:-main}
 packages=$(printf '%s\n' "$@" | sort -u | paste -sd, -)
 
@@ -25,11 +30,16 @@ if [ "$current" = "$hash" ]; then
 fi
 
 command -v debootstrap >/dev/null || { echo "debootstrap is missing: apt-get install -y debootstrap" >&2; exit 2; }
+[ -r "$keyring" ] || {
+  echo "Debian's archive keyring $keyring is missing: apt-get install -y debian-archive-keyring (universe on Ubuntu)," \
+    "or DEBIAN_KEYRING=<a keyring with Debian's archive keys>; the base is never built unverified" >&2
+  exit 2
+}
 rootfs=$(mktemp -d /var/tmp/dinops-rootfs.XXXXXX)
 chmod 755 "$rootfs"  # mktemp makes it 0700: the image root must be readable by non-root users
 trap 'rm -rf "$rootfs"' EXIT
 echo "building $name from $mirror $suite (packages: ${packages:-none})"
-debootstrap --variant=minbase --components="$components" ${packages:+--include="$packages"} \
+debootstrap --variant=minbase --keyring="$keyring" --components="$components" ${packages:+--include="$packages"} \
   "$suite" "$rootfs" "$mirror" >"$rootfs.log" 2>&1 || { tail -n 30 "$rootfs.log" >&2; rm -f "$rootfs.log"; exit 1; }
 rm -f "$rootfs.log"
 # Leave apt usable inside the image and keep it small.
