@@ -108,6 +108,35 @@ def test_settings_only_a_new_cluster_can_change_need_a_recreate(minikube_decisio
     assert allowed == {"action": "recreate", "reasons": refused["reasons"]}
 
 
+# 3 % of the wanted 24576 MB is 737.28 MB.
+@pytest.mark.parametrize("memory", [24576 - 4, 24576 + 12, 24576 - 737, 24576 + 737])
+def test_memory_taken_from_the_host_tolerates_a_kernel_update(minikube_decision, memory):
+    """The role took 3/4 of MemTotal, which moves by a few MB with the kernel: not a reason to delete the cluster."""
+    result = decide(minikube_decision, config(Memory=memory), status(), memory_tolerance_percent=3)
+    assert result == {"action": "none", "reasons": ["running with the wanted settings"]}
+
+
+@pytest.mark.parametrize("memory", [24576 - 738, 24576 + 738, 8192])
+def test_memory_taken_from_the_host_beyond_the_tolerance_needs_a_recreate(minikube_decision, memory):
+    result = decide(minikube_decision, config(Memory=memory), status(), memory_tolerance_percent=3)
+    assert result == {
+        "action": "refuse",
+        "reasons": [f"memory (MB): created with {memory}, wanted 24576 (more than 3% apart)"],
+    }
+
+
+@pytest.mark.parametrize("tolerance", [{}, {"memory_tolerance_percent": 0}])
+def test_memory_the_inventory_sets_compares_exactly(minikube_decision, tolerance):
+    result = decide(minikube_decision, config(Memory=24576 - 4), status(), **tolerance)
+    assert result == {"action": "refuse", "reasons": ["memory (MB): created with 24572, wanted 24576"]}
+
+
+def test_the_memory_tolerance_leaves_the_cpus_exact(minikube_decision):
+    """vCPUs are the instance's: a kernel update does not change them, so the derived count compares exactly."""
+    result = decide(minikube_decision, config(CPUs=5, Memory=24570), status(), memory_tolerance_percent=3)
+    assert result == {"action": "refuse", "reasons": ["CPUs: created with 5, wanted 6"]}
+
+
 def test_profile_created_before_the_gpu_runtime_lists_every_difference(minikube_decision):
     """The users' trap: a profile made before --gpus existed, with default resources."""
     old = config(GPUs="", CPUs=2, Memory=2200, ExposedPorts=None)

@@ -13,7 +13,9 @@ start      created with the wanted settings but stopped (or a newer Kubernetes v
 unpause    created with the wanted settings and paused
 recreate   created with settings that only a new cluster can change (driver, runtime, GPUs, CPUs, memory,
            disk, published ports, an older Kubernetes version) or a profile minikube cannot read; allowed
-           only with ``minikube_allow_recreate``, because deleting the cluster deletes its volumes
+           only with ``minikube_allow_recreate``, because deleting the cluster deletes its volumes. Memory the
+           role took from the host's MemTotal differs only beyond ``memory_tolerance_percent``: MemTotal moves
+           by some MB with a kernel update, which must not cost the cluster
 refuse     recreate needed but not allowed: the role stops and lists the reasons
 =========  ===============================================================================================
 """
@@ -74,26 +76,35 @@ def _check_desired(desired: dict[str, Any]) -> None:
         )
 
 
+def _differ(have: Any, want: Any, tolerance_percent: int) -> bool:
+    """Whether ``have`` is not ``want``, or for a size with a tolerance, more than that many percent apart."""
+    if tolerance_percent and isinstance(have, int) and isinstance(want, int):
+        return abs(have - want) * 100 > want * tolerance_percent
+    return have != want
+
+
 def _immutable_differences(config: dict[str, Any], desired: dict[str, Any]) -> list[str]:
     reasons = []
     kubernetes = config.get("KubernetesConfig") or {}
     driver = desired["driver"]
     checks = [
-        ("driver", config.get("Driver"), driver),
-        ("container runtime", kubernetes.get("ContainerRuntime"), desired["container_runtime"]),
+        ("driver", config.get("Driver"), driver, 0),
+        ("container runtime", kubernetes.get("ContainerRuntime"), desired["container_runtime"], 0),
     ]
     # The none driver runs on the host itself: GPUs, CPUs, memory, disk and ports are the host's.
     if driver != "none":
+        memory_tolerance = int(desired.get("memory_tolerance_percent") or 0)
         checks += [
-            ("GPUs", config.get("GPUs") or "", desired.get("gpus") or ""),
-            ("CPUs", config.get("CPUs"), int(desired["cpus"])),
-            ("memory (MB)", config.get("Memory"), int(desired["memory_mb"])),
-            ("disk (MB)", config.get("DiskSize"), int(desired["disk_mb"])),
-            ("published ports", sorted(config.get("ExposedPorts") or []), sorted(desired.get("ports") or [])),
+            ("GPUs", config.get("GPUs") or "", desired.get("gpus") or "", 0),
+            ("CPUs", config.get("CPUs"), int(desired["cpus"]), 0),
+            ("memory (MB)", config.get("Memory"), int(desired["memory_mb"]), memory_tolerance),
+            ("disk (MB)", config.get("DiskSize"), int(desired["disk_mb"]), 0),
+            ("published ports", sorted(config.get("ExposedPorts") or []), sorted(desired.get("ports") or []), 0),
         ]
-    for what, have, want in checks:
-        if have != want:
-            reasons.append(f"{what}: created with {have!r}, wanted {want!r}")
+    for what, have, want, tolerance in checks:
+        if _differ(have, want, tolerance):
+            apart = f" (more than {tolerance}% apart)" if tolerance else ""
+            reasons.append(f"{what}: created with {have!r}, wanted {want!r}{apart}")
     return reasons
 
 
@@ -104,7 +115,8 @@ def minikube_action(config_text: Any, status_text: Any, desired: dict[str, Any])
     ``status_text``: ``minikube status -o json`` output ('' when minikube printed nothing).
     ``desired``: profile, driver, container_runtime, gpus, cpus, memory_mb, disk_mb, ports, kubernetes_version,
     allow_recreate, addons (optional: addons that must be enabled; a profile without one is started again, which
-    enables the ``--addons`` of ``minikube_start_args``).
+    enables the ``--addons`` of ``minikube_start_args``), memory_tolerance_percent (optional: how many percent of
+    memory_mb the profile's memory may differ by; 0 or absent: exactly, as for every other size).
     """
     _check_desired(desired)
     wanted_version = _version(desired["kubernetes_version"])

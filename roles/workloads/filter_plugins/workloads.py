@@ -125,7 +125,7 @@ def node_allocatable(node: dict[str, Any], facts: dict[str, Any]) -> dict[str, A
     _require(gpus >= 0, f"gpu_count of profile {profile} must not be negative, got {gpus}")
     kind = facts[cluster]
     if cluster == "minikube":
-        # roles/minikube/defaults/main.yml: minikube_cpus and minikube_memory_mb.
+        # roles/minikube/defaults/main.yml minikube_cpus and vars/main.yml __minikube_memory_mb.
         # 0 or empty: not set in the profile.
         cpus = int(node.get("cluster_cpus") or 0) or max(vcpus - 1, kind["node_cpus"]["minimum"])
         share = kind["node_memory"]
