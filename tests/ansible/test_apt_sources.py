@@ -12,8 +12,9 @@ import shutil
 import subprocess
 
 import pytest
+import yaml
 
-from dinops_testing import load_plugin
+from dinops_testing import REPO, load_plugin
 
 plan = load_plugin("roles/nvidia_driver/filter_plugins/apt_sources.py").dinops_apt_components_plan
 
@@ -389,3 +390,190 @@ def test_http_and_https_of_one_archive_are_one_repository_as_for_apt(tmp_path):
     assert [entry["added"] for entry in result["entries"]] == [["non-free-firmware"], []]
     assert (status, stderr) == (0, "")
     assert debian_components(targets) == {"bookworm": {"https://deb.debian.org/debian": {"main", *COMPONENTS}}}
+
+
+# --- NVIDIA's CUDA repository (finding F6 of the second hosts audit) -------------------------------------------------
+# The nvidia_driver role writes its own source for NVIDIA's CUDA repository (cuda_repo.yml, deb822_repository with the
+# key downloaded to /etc/apt/keyrings). A host that already lists that URI and suite with another Signed-By (or none)
+# then fails every apt call: NVIDIA/cuda-repo-management#4 (NVIDIA's kmittman), "E: Conflicting values set for option
+# Signed-By regarding source https://developer.download.nvidia.com/compute/cuda/repos/.../ /:
+# /usr/share/keyrings/cuda-archive-keyring.gpg != ... check for and remove `cuda*.list` files". The role takes the
+# host's other entries for that URI out (files holding nothing else are removed, other lines commented out, other
+# stanzas disabled) before anything calls apt.
+CUDA_URI = "https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/"
+CUDA_OWN = "/etc/apt/sources.list.d/dinops-nvidia-cuda.sources"
+# What ansible.builtin.deb822_repository writes for cuda_repo.yml (fields in its sorted order).
+CUDA_OWN_SOURCE = (
+    f"X-Repolib-Name: dinops-nvidia-cuda\nSigned-By: /etc/apt/keyrings/dinops-nvidia-cuda.asc\nSuites: /\n"
+    f"Types: deb\nURIs: {CUDA_URI}\n"
+)
+# The list file of NVIDIA's cuda-keyring package (and of NVIDIA's Debian 12 network-repository instructions).
+CUDA_KEYRING_LIST = f"deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] {CUDA_URI} /\n"
+CUDA_LAYOUTS = {
+    "cuda-keyring": {"/etc/apt/sources.list.d/cuda-debian12-x86_64.list": CUDA_KEYRING_LIST},
+    # Older guides and add-apt-repository: a line in sources.list, http, without the trailing slash.
+    "sources-list-line": {
+        "/etc/apt/sources.list": INSTALLER + f"deb {CUDA_URI.replace('https', 'http').rstrip('/')} /\n"
+    },
+    "deb822": {
+        "/etc/apt/sources.list.d/cuda.sources": (
+            f"Types: deb\nURIs: {CUDA_URI}\nSuites: /\nSigned-By: /usr/share/keyrings/cuda-archive-keyring.gpg\n"
+        )
+    },
+    # One file for several NVIDIA repositories: only the CUDA entry goes, the file stays.
+    "shared-list": {
+        "/etc/apt/sources.list.d/nvidia.list": (
+            f"deb [trusted=yes] {CUDA_URI} /\n" + THIRD_PARTY["/etc/apt/sources.list.d/docker.list"]
+        )
+    },
+    "shared-deb822": {
+        "/etc/apt/sources.list.d/nvidia.sources": (
+            f"Types: deb\nURIs: https://download.docker.com/linux/debian\nSuites: bookworm\nComponents: stable\n\n"
+            f"Enabled: yes\nTypes: deb\nURIs: {CUDA_URI}\nSuites: /\n"
+            f"Signed-By: /usr/share/keyrings/cuda-archive-keyring.gpg\n"
+        )
+    },
+}
+
+
+def cuda_host(layout, own=True):
+    """The layout's files with Debian's archive (debian:12's deb822 file unless the layout has a sources.list) and,
+    with ``own``, the role's CUDA source of an earlier run."""
+    files = CUDA_LAYOUTS[layout]
+    debian = {} if "/etc/apt/sources.list" in files else LAYOUTS["deb822"]
+    return {**debian, **files, **({CUDA_OWN: CUDA_OWN_SOURCE} if own else {})}
+
+
+def run_cuda_plan(files):
+    return run_plan(files, replaced={CUDA_URI: CUDA_OWN})
+
+
+# What apt says with the role's source beside each layout: another Signed-By (or trusted=yes) read after it stops
+# apt; an unsigned entry read before it is taken for the repository (no key checked against it) with a warning.
+CUDA_RESULT = {
+    "cuda-keyring": (100, "E: Conflicting values set for option Signed-By regarding source " + CUDA_URI + " /"),
+    "deb822": (100, "E: Conflicting values set for option Signed-By regarding source " + CUDA_URI + " /"),
+    "shared-deb822": (100, "E: Conflicting values set for option Signed-By regarding source " + CUDA_URI + " /"),
+    "shared-list": (100, "E: Conflicting values set for option Trusted regarding source " + CUDA_URI + " /"),
+    "sources-list-line": (0, "W: Target Packages (Packages) is configured multiple times"),
+}
+
+
+@needs_apt
+@pytest.mark.parametrize("layout", sorted(CUDA_LAYOUTS))
+def test_the_role_cuda_source_beside_another_entry_for_the_repository_breaks_apt(tmp_path, layout):
+    """The reproduction: with the role's source and the host's entry, apt refuses to read the sources, or warns."""
+    status, stderr, _ = apt_view(tmp_path, cuda_host(layout))
+
+    assert status == CUDA_RESULT[layout][0]
+    assert CUDA_RESULT[layout][1] in stderr
+
+
+@needs_apt
+@pytest.mark.parametrize("layout", sorted(CUDA_LAYOUTS))
+def test_other_entries_for_the_cuda_repository_are_taken_out_and_apt_works(tmp_path, layout):
+    files = cuda_host(layout)
+
+    status, stderr, targets = apt_view(tmp_path, apply(files, run_cuda_plan(files)))
+
+    assert (status, stderr) == (0, ""), stderr
+    # A flat repository's targets have no release or component: only the site.
+    assert [t[0] for t in targets if "nvidia.com" in t[0]] == [CUDA_URI.rstrip("/")]  # the role's entry, once
+    if layout.startswith("shared"):
+        assert any("download.docker.com" in t[0] and t[1:] == ("bookworm", "stable") for t in targets)
+    components = debian_components({t for t in targets if len(t) == 3})
+    assert list(components["bookworm"].values()) == [{"main", *COMPONENTS}]
+
+
+def test_the_cuda_keyring_list_file_is_removed():
+    result = run_cuda_plan(cuda_host("cuda-keyring", own=False))
+
+    assert result["remove"] == ["/etc/apt/sources.list.d/cuda-debian12-x86_64.list"]
+    assert [(e["file"], e["signed_by"], e["action"]) for e in result["replaced"]] == [
+        ("/etc/apt/sources.list.d/cuda-debian12-x86_64.list", "/usr/share/keyrings/cuda-archive-keyring.gpg", "remove")
+    ]
+    # Debian's archive still gets its components in the same plan.
+    assert [edit["path"] for edit in result["edits"]] == ["/etc/apt/sources.list.d/debian.sources"]
+
+
+def test_a_cuda_line_in_sources_list_is_commented_out_beside_the_components_edit():
+    """Both changes land in the same file: neither may overwrite the other."""
+    result = run_cuda_plan(cuda_host("sources-list-line"))
+
+    assert result["remove"] == []
+    content = result["edits"][0]["content"]
+    assert "deb http://deb.debian.org/debian/ bookworm main contrib non-free non-free-firmware\n" in content
+    assert content.endswith(
+        "# Disabled by the nvidia_driver role, whose dinops-nvidia-cuda.sources is the entry for this repository"
+        " (two entries with different Signed-By break apt):\n"
+        "# deb http://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64 /\n"
+    )
+
+
+def test_a_cuda_stanza_beside_other_stanzas_is_disabled():
+    result = run_cuda_plan(cuda_host("shared-deb822"))
+
+    edit = next(e for e in result["edits"] if e["path"] == "/etc/apt/sources.list.d/nvidia.sources")
+    assert "\nEnabled: no\nTypes: deb\nURIs: " + CUDA_URI in edit["content"]
+    assert "Enabled: yes" not in edit["content"]
+    assert edit["content"].startswith("Types: deb\nURIs: https://download.docker.com/linux/debian\n")
+
+
+@pytest.mark.parametrize("layout", sorted(CUDA_LAYOUTS))
+def test_taking_the_cuda_entries_out_is_done_once(layout):
+    files = cuda_host(layout)
+    after = apply(files, run_cuda_plan(files))
+
+    again = run_cuda_plan(after)
+
+    assert (again["edits"], again["remove"], again["replaced"]) == ([], [], [])
+    assert after[CUDA_OWN] == CUDA_OWN_SOURCE
+
+
+def test_other_nvidia_repositories_and_hosts_without_the_cuda_source_are_left_alone():
+    files = {
+        "/etc/apt/sources.list.d/cuda-debian11-x86_64.list": CUDA_KEYRING_LIST.replace("debian12", "debian11"),
+        "/etc/apt/sources.list.d/nvidia-container-toolkit.list": (
+            "deb [signed-by=/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg]"
+            " https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH) /\n"
+        ),
+    }
+    assert run_cuda_plan({**LAYOUTS["deb822"], **files})["replaced"] == []
+    # Debian's own driver (source debian): no CUDA repository, nothing replaced.
+    assert run_plan(cuda_host("cuda-keyring"))["remove"] == []
+
+
+def repo_task_plan(files, source):
+    """repo.yml's decision task rendered by Ansible, with the role's filters, for these files and plan source."""
+    import base64
+
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.plugins.loader import filter_loader
+    from ansible.template import Templar, trust_as_template
+
+    tasks = yaml.safe_load((REPO / "roles/nvidia_driver/tasks/repo.yml").read_text())
+    task = next(t for t in tasks if "ansible.builtin.set_fact" in t)
+    filter_loader.add_directory(str(REPO / "roles/nvidia_driver/filter_plugins"))
+    variables = {
+        "__nvidia_driver_apt_contents_result": {
+            "results": [
+                {"source": path, "content": base64.b64encode(text.encode()).decode()} for path, text in files.items()
+            ]
+        },
+        "__nvidia_driver_plan": {"source": source},
+        "nvidia_driver_debian_suites": SUITES,
+        "nvidia_driver_debian_components": COMPONENTS,
+        "nvidia_driver_debian_mirror": MIRROR,
+        "nvidia_driver_cuda_repo_url": CUDA_URI,
+        **yaml.safe_load((REPO / "roles/nvidia_driver/vars/main.yml").read_text()),
+        **{name: trust_as_template(value) for name, value in task.get("vars", {}).items()},
+    }
+    templar = Templar(loader=DataLoader(), variables=variables)
+    return templar.template(trust_as_template(task["ansible.builtin.set_fact"]["__nvidia_driver_apt_plan"]))
+
+
+@pytest.mark.parametrize(("source", "removed"), [("nvidia", True), ("debian", False)])
+def test_repo_tasks_take_out_the_cuda_keyring_entry_when_the_role_adds_the_cuda_repository(source, removed):
+    result = repo_task_plan(cuda_host("cuda-keyring", own=False), source)
+
+    assert ("/etc/apt/sources.list.d/cuda-debian12-x86_64.list" in result["remove"]) is removed

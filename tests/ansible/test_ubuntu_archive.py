@@ -7,8 +7,10 @@ state read on packages.ubuntu.com; see the fixture's README) and runs ``apt-get 
 
 What rests on modelled data, not on a page or a commit (the fixture marks each such stanza):
 - every linux-restricted-modules (LRM) stanza of noble and jammy (linux-modules/-objects/-signatures-nvidia-*): names,
-  versions and structure are real, the ``nvidia-kernel-common-580-server (>= 580.159.03)`` bound is modelled
-  (facts §4); focal has no LRM stanza at all (its LRM versions are not established);
+  versions and structure are real; the ``nvidia-kernel-common-580-server`` bounds are modelled on the documented
+  pattern (facts §4: ``(<= U-1)`` and ``(>= U)`` on the module package, ``(>= U)`` on the metapackage) with U the
+  release's newest driver in the snapshot, 580.173.02 (tests/fixtures/ubuntu_nvidia/cut.py, model_lrm_bounds);
+  focal has no LRM stanza at all (its LRM versions are not established);
 - the kernel packages' relations (versions are real);
 - the 535-server LRM package an earlier version of this role installed (``old_lrm_stanzas``): not in the snapshot,
   modelled on the real jammy 515-server stanza quoted in facts §4.
@@ -30,6 +32,7 @@ from aptarchive import FIXTURE, SimResult, UbuntuArchive, load_stanzas
 from dinops_testing import REPO, driver_plan_settings, load_plugin
 
 filters = load_plugin("roles/nvidia_driver/filter_plugins/nvidia_driver_plan.py")
+manager = load_plugin("roles/nvidia_driver/filter_plugins/fabric_manager.py")
 plan = filters.dinops_nvidia_driver_plan
 CONTRACT = yaml.safe_load((REPO / "facts/nvidia.yml").read_text())
 BRANCH = "580"
@@ -105,12 +108,13 @@ class RoleRun:
     install: SimResult | None = None
 
 
-def run_role(archive: UbuntuArchive, the_plan: dict) -> RoleRun:
+def run_role(archive: UbuntuArchive, the_plan: dict, pinned: bool = False) -> RoleRun:
     """roles/nvidia_driver/tasks/packages.yml on the fake archive, applying each step's result to the dpkg state:
     release the holds (dpkg_selections: install), read the candidates of not_transitional with
     ``apt-cache show --no-all-versions`` and stop on rc != 0 or a transitional one (dinops_apt_transitional),
     ``apt-get remove --purge`` the remove list (Ansible passes only installed names), then ``apt-get install`` the
-    packages not yet installed with --allow-change-held-packages and no recommends."""
+    packages not yet installed with --allow-change-held-packages, no recommends and, where pin.yml wrote a pin
+    (``pinned``), --allow-downgrades."""
     assert the_plan["errors"] == [], the_plan["errors"]
     run = RoleRun()
     archive.select(the_plan["unhold"], "install")
@@ -131,7 +135,8 @@ def run_role(archive: UbuntuArchive, the_plan: dict) -> RoleRun:
         archive.apply(run.remove)
     install = [name for name in the_plan["packages"] if name not in archive.state()]
     if install:
-        run.install = archive.simulate("install", install, allow_change_held=True)
+        downgrades = ["--allow-downgrades"] if pinned else []
+        run.install = archive.simulate("install", install, allow_change_held=True, extra_args=downgrades)
         if not run.install.ok:
             run.stopped_at, run.message = "install", run.install.error
             return run
@@ -185,14 +190,14 @@ def test_the_fixture_keeps_each_stanzas_evidence():
 
 
 def test_the_fixture_is_the_cut_of_the_shared_snapshot():
-    """Regenerating with cut.py gives the same stanzas (only where the shared snapshot is checked out beside the
-    repository)."""
+    """Regenerating with cut.py gives the same stanzas, the modelled LRM bounds included (only where the shared
+    snapshot is checked out beside the repository)."""
     cut = load_plugin("tests/fixtures/ubuntu_nvidia/cut.py")
     if not cut.DEFAULT_INPUT.exists():
         pytest.skip(f"{cut.DEFAULT_INPUT} is not here")
     raw = cut.DEFAULT_INPUT.read_bytes()
     assert json.loads(FIXTURE.read_text())["input_sha256"] == hashlib.sha256(raw).hexdigest()
-    assert cut.same(cut.select(json.loads(raw)), load_stanzas())
+    assert cut.same(cut.cut(json.loads(raw)), load_stanzas())
 
 
 # --- audit finding 1: the old default asks for 535 and gets 580 --------------------------------------------------
@@ -448,30 +453,117 @@ def test_kernel_module_flavour_change(tmp_path, release, old, new):
 
 
 # --- NVSwitch hosts --------------------------------------------------------------------------------------------------
-def test_fabric_manager_needs_the_driver_at_its_own_version_on_noble(tmp_path):
-    """Finding 8 on noble, with the snapshot's versions: nvidia-fabricmanager-580 580.159.03-0ubuntu0.24.04.1 depends
-    on the exact virtual nvidia-kernel-common-580-server-580.159.03 (packages.ubuntu.com, facts §5), while the
-    archive's driver candidate is 580.173.02. The plan's set fails unpinned; the role reads Fabric Manager's stanza
-    (`apt-cache show`), takes the version with its filter and pins every NVIDIA package to it (facts §6.4), and
-    then the set resolves. Ubuntu's fabric-manager source builds no NSCQ library, so the plan does not ask for one."""
+H100 = [{"architecture": "hopper", "datacenter": True, "name": "H100 SXM5 80GB"}]
+
+
+def pin_role(archive: UbuntuArchive, the_plan: dict) -> dict:
+    """roles/nvidia_driver/tasks/pin.yml on the fake archive: read Fabric Manager's versions (every version, newest
+    first) and the prebuilt module's candidate with apt-cache, decide with dinops_fabricmanager_pin, and write the pin
+    as templates/apt-preferences.j2 does when the role goes on."""
+    fabricmanager = modules = ""
+    if the_plan["services"]:
+        fabricmanager = archive.apt_cache("show", f"nvidia-fabricmanager-{the_plan['branch']}").stdout
+        if the_plan["modules_package"]:
+            modules = archive.apt_cache("show", "--no-all-versions", the_plan["modules_package"]).stdout
+    decision = manager.dinops_fabricmanager_pin(the_plan, fabricmanager, modules)
+    if decision["pin"] and not decision["errors"]:
+        pin = decision["pin"]
+        archive.preferences(
+            f"Package: {' '.join(pin['packages'])}\nPin: version {pin['version']}\nPin-Priority: 1001\n"
+        )
+    return decision
+
+
+def test_fabric_manager_and_the_prebuilt_module_need_different_drivers_on_noble(tmp_path):
+    """Finding F5 with the snapshot's versions: nvidia-fabricmanager-580 580.159.03-0ubuntu0.24.04.1 depends on the
+    exact virtual nvidia-kernel-common-580-server-580.159.03 (packages.ubuntu.com, facts §5), while the newest kernel's
+    prebuilt module was built with the archive's driver, 580.173.02, and accepts that one only (both bounds, facts §4;
+    modelled, see the module docstring). Unpinned, Fabric Manager cannot be installed; pinned to its version, the
+    module cannot. The role reads both with apt-cache and stops before it changes a package, saying what to do."""
     archive, kernel = host(tmp_path, "noble", running="newest")
-    gpus = [{"architecture": "hopper", "datacenter": True, "name": "H100 SXM5 80GB"}]
-    the_plan = plan(settings(archive, kernel, gpus=gpus, kernel_modules="auto", nvswitch_count=4))
-    assert "nvidia-fabricmanager-580" in the_plan["packages"]
-    assert not [p for p in the_plan["packages"] if "nscq" in p]
+    the_plan = plan(settings(archive, kernel, gpus=H100, kernel_modules="auto", nvswitch_count=4))
+    assert the_plan["packages"][-2:] == ["linux-modules-nvidia-580-server-open-generic", "nvidia-fabricmanager-580"]
+    assert not [p for p in the_plan["packages"] if "nscq" in p]  # Ubuntu's fabric-manager source builds no NSCQ
     assert the_plan["services"] == ["nvidia-fabricmanager"]
 
     as_planned = archive.simulate("install", the_plan["packages"], allow_change_held=True)
     assert not as_planned.ok
     assert "nvidia-fabricmanager-580 : Depends: nvidia-kernel-common-580-server-580.159.03" in as_planned.error
-
-    stanza = archive.apt_cache("show", "--no-all-versions", "nvidia-fabricmanager-580").stdout
-    version = filters.dinops_fabricmanager_version(stanza, "580")
-    assert version == "580.159.03"
-    # What the role's templates/apt-preferences.j2 writes for this host.
-    archive.preferences(f"Package: nvidia-* libnvidia-*\nPin: version {version}-*\nPin-Priority: 1001\n")
+    archive.preferences("Package: nvidia-* libnvidia-*\nPin: version 580.159.03-*\nPin-Priority: 1001\n")
     pinned = archive.simulate("install", the_plan["packages"], allow_change_held=True)
-    assert pinned.ok, pinned
-    assert pinned.installed["nvidia-kernel-common-580-server"].startswith("580.159.03-")
-    assert pinned.installed["nvidia-fabricmanager-580"].startswith("580.159.03-")
-    assert pinned.installed["nvidia-headless-no-dkms-580-server-open"].startswith("580.159.03-")
+    assert not pinned.ok
+    assert "Depends: nvidia-kernel-common-580-server (>= 580.173.02) but 580.159.03-" in pinned.error
+    archive.preferences("")
+
+    decision = pin_role(archive, the_plan)
+    assert (decision["version"], decision["modules_version"]) == ("580.159.03", "580.173.02")
+    assert "nvidia_driver_prebuilt_modules: false" in decision["errors"][0]
+    assert "run again once Ubuntu publishes nvidia-fabricmanager-580 580.173.02" in decision["errors"][0]
+
+
+def test_fabric_manager_with_dkms_installs_the_driver_at_its_version_on_noble(tmp_path):
+    """What the stop message offers: with nvidia_driver_prebuilt_modules false the plan takes DKMS and the kernel
+    headers, the pin is Fabric Manager's version, and the whole set resolves at 580.159.03."""
+    archive, kernel = host(tmp_path, "noble", running="newest")
+    the_plan = plan(settings(archive, kernel, gpus=H100, nvswitch_count=4, prebuilt_modules=False))
+    assert (the_plan["errors"], the_plan["modules_package"]) == ([], "")
+
+    decision = pin_role(archive, the_plan)
+    assert (decision["pin"]["version"], decision["errors"]) == ("580.159.03-*", [])
+    run = run_role(archive, the_plan, pinned=True)
+
+    assert run.stopped_at is None, run.message
+    assert real_driver_sources(archive) == {"nvidia-graphics-drivers-580-server": {"580.159.03"}}
+    assert archive.state()["nvidia-fabricmanager-580"].startswith("580.159.03-")
+    assert archive.state()["nvidia-dkms-580-server-open"].startswith("580.159.03-")
+    assert module_packages(archive) == []
+
+
+def test_switching_a_provisioned_host_to_dkms_removes_the_prebuilt_module(tmp_path):
+    """A host the role provisioned with the prebuilt module (580.173.02), then found to have NVSwitches (or told to
+    use DKMS): the plan's remove list takes the prebuilt module out, and the pinned install moves the driver down to
+    Fabric Manager's 580.159.03. The prebuilt module, bound to 580.173.02, could not stay."""
+    archive, kernel = host(tmp_path, "noble", running="newest")
+    assert run_role(archive, plan(settings(archive, kernel, gpus=H100))).stopped_at is None
+    assert module_packages(archive) != []
+
+    the_plan = plan(settings(archive, kernel, gpus=H100, nvswitch_count=4, prebuilt_modules=False))
+    assert sorted(the_plan["remove"]) == sorted(
+        name for name in archive.state() if name.startswith(("linux-modules-nvidia-", "linux-objects-nvidia-"))
+    )
+    assert pin_role(archive, the_plan)["errors"] == []
+    without_downgrades = archive.simulate("install", ["nvidia-headless-580-server-open", "nvidia-fabricmanager-580"])
+    assert "E: Packages were downgraded and -y was used without --allow-downgrades." in without_downgrades.error
+    run = run_role(archive, the_plan, pinned=True)
+
+    assert run.stopped_at is None, run.message
+    assert module_packages(archive) == []
+    # The 580.173.02 GSP firmware stays (its version is in its name; nothing depends on it: apt autoremove material).
+    assert real_driver_sources(archive, firmware=False) == {"nvidia-graphics-drivers-580-server": {"580.159.03"}}
+    assert archive.state()["nvidia-fabricmanager-580"].startswith("580.159.03-")
+    assert archive.state()["nvidia-dkms-580-server-open"].startswith("580.159.03-")
+
+
+def test_a_newer_fabric_manager_is_seen_through_the_pin_of_an_earlier_run(tmp_path):
+    """Once Ubuntu publishes Fabric Manager for the current driver, the host goes back to one version for all: the
+    role reads every version (apt-cache show lists them newest first), not the candidate, which its own earlier pin
+    (580.159.03) would keep old. Modelled: nvidia-fabricmanager-580 580.173.02, built like the real 580.159.03 one."""
+    stanzas = load_stanzas("noble")
+    current = next(s for s in stanzas if s["package"] == "nvidia-fabricmanager-580")
+    newer = {**current, "version": "580.173.02-0ubuntu0.24.04.1", "evidence": "modelled in this test"}
+    newer["depends"] = "nvidia-kernel-common-580-server-580.173.02"
+    archive = UbuntuArchive(tmp_path, "noble", stanzas=[*stanzas, newer])
+    kernel = boot_kernel(archive, list(kernel_abis(archive))[-1])
+    the_plan = plan(settings(archive, kernel, gpus=H100, kernel_modules="auto", nvswitch_count=4))
+    archive.preferences("Package: nvidia-* libnvidia-*\nPin: version 580.159.03-*\nPin-Priority: 1001\n")
+    candidate = archive.apt_cache("show", "--no-all-versions", "nvidia-fabricmanager-580").stdout
+    assert manager.dinops_fabricmanager_version(candidate, "580") == "580.159.03"  # what the old read saw
+
+    decision = pin_role(archive, the_plan)
+    assert (decision["version"], decision["modules_version"], decision["errors"]) == ("580.173.02", "580.173.02", [])
+    run = run_role(archive, the_plan, pinned=True)
+
+    assert run.stopped_at is None, run.message
+    assert archive.state()["nvidia-fabricmanager-580"] == "580.173.02-0ubuntu0.24.04.1"
+    assert real_driver_sources(archive) == {"nvidia-graphics-drivers-580-server": {LATEST_580}}
+    assert "linux-modules-nvidia-580-server-open-generic" in module_packages(archive)

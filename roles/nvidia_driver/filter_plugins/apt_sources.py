@@ -8,6 +8,17 @@ in whichever form they come: one-line entries (sources.list, sources.list.d/*.li
 (sources.list.d/*.sources), with http, https or mirror+file URIs. Their options (Signed-By, arch, trusted...) stay
 as they are. Only a host with no entry for Debian's archive gets the role's own source file.
 
+For a repository the role writes its own source for (NVIDIA's CUDA repository, ``replaced``) it is the other way
+round: the role's entry, with the key it downloads, is the one; the host's other entries for that URI (NVIDIA's
+cuda-keyring package writes /etc/apt/sources.list.d/cuda-<distro>-<arch>.list with
+signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg; older guides a line in sources.list) are taken out, or every
+apt call fails the same way (NVIDIA/cuda-repo-management#4: "Conflicting values set for option Signed-By regarding
+source https://developer.download.nvidia.com/compute/cuda/repos/.../ /: /usr/share/keyrings/cuda-archive-keyring.gpg
+!= ...", NVIDIA's advice: "check for and remove cuda*.list files"; finding F6 of the second hosts audit). Taken out
+rather than adopted: an entry the role did not write may carry any key or none (trusted=yes), and the role would then
+trust whatever it says; NVIDIA's advice is the same. A file that holds nothing else is removed; otherwise the line is
+commented out, or the deb822 stanza gets ``Enabled: no`` (its other URIs stay), with a comment saying why.
+
 ``dinops_apt_components_plan`` is a pure function of the files' contents, tested with the layouts real hosts ship in
 tests/ansible/test_apt_sources.py.
 """
@@ -85,6 +96,7 @@ def _deb822_entries(path, lines):
         yield {
             "file": path,
             "form": "deb822",
+            "fields": fields,
             "field": fields.get("components"),
             "types": value.get("types", "").split(),
             "uris": value.get("uris", "").split(),
@@ -138,6 +150,62 @@ def _with_components(entry, lines, added):
     return lines
 
 
+def _rewrite_field(lines, field, text):
+    """Replace a deb822 field (first line, last line, ...) by ``text``; continuation lines become empty strings, so
+    that the line numbers of later stanzas stay valid."""
+    first, last, _, _ = field
+    lines[first : last + 1] = [text] + [""] * (last - first)
+
+
+def _without_replaced(entry, lines, keys, note):
+    """Return the entry's file lines with the entry's URIs in ``keys`` taken out, ``note`` saying why."""
+    lines = list(lines)
+    if entry["form"] == "one-line":
+        line = lines[entry["line"]]
+        lines[entry["line"]] = note + "# " + line + ("" if line.endswith("\n") else "\n")
+        return lines
+    fields = entry["fields"]
+    others = [uri for uri in entry["uris"] if _repository(uri) not in keys]
+    if others:
+        _rewrite_field(lines, fields["uris"], f"{fields['uris'][2]}: {' '.join(others)}\n")
+    elif "enabled" in fields:
+        _rewrite_field(lines, fields["enabled"], f"{note}{fields['enabled'][2]}: no\n")
+    else:
+        start = min(field[0] for field in fields.values())
+        lines[start] = f"{note}Enabled: no\n{lines[start]}"
+    return lines
+
+
+def _replace_plan(lines, replaced, edited):
+    """Take the host's entries for the ``replaced`` repositories ({URI: the role's own source file}) out of
+    ``lines`` ({path: lines}): whole files where they hold nothing else (never sources.list), else in place, into
+    ``edited``. Returns (files to remove, the entries taken out)."""
+    owners = {_repository(uri): own for uri, own in (replaced or {}).items()}
+    removed, taken = [], []
+    for path in lines:
+        if path in owners.values():
+            continue
+        parse = _deb822_entries if path.endswith(".sources") else _one_line_entries
+        entries = list(parse(path, lines[path]))
+        hits = [e for e in entries if e["enabled"] and {_repository(uri) for uri in e["uris"]} & owners.keys()]
+        if not hits:
+            continue
+        whole = path != MAIN_LIST and all({_repository(uri) for uri in e["uris"]} <= owners.keys() for e in entries)
+        for entry in hits:
+            if not whole:
+                own = next(owners[_repository(uri)] for uri in entry["uris"] if _repository(uri) in owners)
+                note = (
+                    f"# Disabled by the nvidia_driver role, whose {posixpath.basename(own)} is the entry for this"
+                    " repository (two entries with different Signed-By break apt):\n"
+                )
+                edited[path] = _without_replaced(entry, edited.get(path, lines[path]), owners.keys(), note)
+            summary = {key: entry[key] for key in ("file", "form", "uris", "suites", "signed_by")}
+            taken.append({**summary, "action": "remove" if whole else "disable"})
+        if whole:
+            removed.append(path)
+    return removed, taken
+
+
 def _own_source(mirror, suites, components, keyring):
     return (
         "# Managed by the nvidia_driver role: this host had no apt entry for Debian's archive.\n"
@@ -149,21 +217,26 @@ def _own_source(mirror, suites, components, keyring):
     )
 
 
-def dinops_apt_components_plan(files, suites, components, mirror, own_path, keyring=DEBIAN_KEYRING):
-    """Decide how to enable ``components`` of Debian's archive for ``suites`` without a conflicting source.
+def dinops_apt_components_plan(files, suites, components, mirror, own_path, keyring=DEBIAN_KEYRING, replaced=None):
+    """Decide how to enable ``components`` of Debian's archive for ``suites`` without a conflicting source, and take
+    the host's entries for the ``replaced`` repositories out.
 
     ``files``: {path: content} of /etc/apt/sources.list, the files in /etc/apt/sources.list.d and the mirror lists
     (/etc/apt/mirrors/*.list) that mirror+file: URIs name. ``mirror``: the URI the role's own source would use;
-    ``own_path``: that source's file (a previous version of this role wrote it unconditionally).
+    ``own_path``: that source's file (a previous version of this role wrote it unconditionally). ``replaced``:
+    {URI: file} of the repositories the role writes its own source file for (that file is left alone).
 
     Returns ``entries`` (the enabled binary entries for Debian's archive and these suites, with ``added``: the
     components this plan gives them), ``edits`` (``path`` and new ``content`` of each file to write, in apt's
-    order), ``remove`` (files to delete) and ``own_source`` (whether the role's own source is needed).
+    order), ``remove`` (files to delete), ``own_source`` (whether the role's own source is needed) and ``replaced``
+    (the host's entries for the replaced repositories that are taken out, with ``action``: remove or disable).
     A component is added only where no entry for the same URI and suite has it yet, so no index is configured twice.
     """
     files = dict(files or {})
     wanted_suites, wanted = list(suites), list(components)
     lines = {path: files[path].splitlines(keepends=True) for path in _source_files(files)}
+    edited = {}
+    removed, taken = _replace_plan(lines, replaced, edited)
     entries = []
     for path in lines:
         if path == own_path:
@@ -184,7 +257,6 @@ def dinops_apt_components_plan(files, suites, components, mirror, own_path, keyr
         for uri in entry["uris"]:
             for suite in entry["suites"]:
                 present[(_repository(uri), suite)].update(entry["components"])
-    edited = {}
     for entry in entries:
         keys = [
             (_repository(uri), suite) for uri in entry["uris"] for suite in entry["suites"] if suite in wanted_suites
@@ -207,13 +279,14 @@ def dinops_apt_components_plan(files, suites, components, mirror, own_path, keyr
             for entry in entries
         ],
         "edits": edits,
-        "remove": [own_path] if entries and own_path in files else [],
+        "remove": ([own_path] if entries and own_path in files else []) + removed,
         "own_source": not entries,
+        "replaced": taken,
     }
 
 
 class FilterModule:
-    """apt sources for Debian's archive components."""
+    """apt sources for Debian's archive components and the repositories the role replaces."""
 
     def filters(self):
         return {"dinops_apt_components_plan": dinops_apt_components_plan}

@@ -16,9 +16,11 @@ Package names, with their sources:
 - Fabric Manager: ``nvidia-fabricmanager-<B>`` (Ubuntu source fabric-manager-<B>, which builds no NSCQ library),
   which depends on the exact -server driver version, ``nvidia-kernel-common-<B>-server-<U>``, and lags the driver
   (noble: fabric manager 580.159.03 while the driver is at 580.173.02), so the role pins the driver to the version
-  Fabric Manager needs (``dinops_fabricmanager_version``; ../shared/facts/ubuntu-nvidia-packaging.md §5 and §6.4);
-  NVIDIA's CUDA repository names it ``nvidia-fabricmanager`` from 580 on (NVIDIA/gpu-driver-container,
-  fabricmanager_install).
+  Fabric Manager needs, and stops where Canonical's prebuilt module was built for another one
+  (fabric_manager.py; ../shared/facts/ubuntu-nvidia-packaging.md §4, §5 and §6.4); NVIDIA's CUDA repository names
+  it ``nvidia-fabricmanager`` from 580 on (NVIDIA/gpu-driver-container, fabricmanager_install). The plan's ``fabric``
+  says which GPUs report their NVSwitch fabric state (Hopper and newer: ``fabric_state_min_generation`` of the
+  contract) and which print N/A.
 - Debian's archive: ``nvidia-kernel-dkms`` / ``nvidia-open-kernel-dkms``, ``firmware-nvidia-gsp``, ``nvidia-smi``,
   ``libcuda1``, ``nvidia-persistenced`` (bookworm non-free/contrib).
 - NVIDIA's CUDA repository for Debian 12: the compute-only set ``nvidia-driver-cuda`` with
@@ -55,6 +57,10 @@ _UBUNTU_DRIVER_PACKAGE = re.compile(
     r"|libnvidia-compute|linux-modules-nvidia|linux-objects-nvidia|nvidia-fabricmanager|libnvidia-nscq)"
     r"-(\d{3})((?:-server)?(-open)?)(?:-|$)"
 )
+# The kernel module packages of each kind (Ubuntu): Canonical's prebuilt ones, and DKMS with the headless metapackage
+# that pulls it. A switch between the kinds removes the other one: both would install a module for the same kernel.
+_PREBUILT_MODULES = ("linux-modules-nvidia", "linux-objects-nvidia")
+_DKMS_MODULES = ("nvidia-dkms", "nvidia-headless")
 # Packages a previous version of this role (or a person) held: released before a branch or flavour change
 # (apt refuses to change held packages) and no longer held (see the README: no holds, kernel and module move
 # together).
@@ -165,6 +171,17 @@ def _offered(release_name, release, source, errors):
     return source, {"branches": release["sources"][source], "transitional": {}}
 
 
+def _fabric(gpus, nvswitch_count, contract):
+    """{completed: GPUs that must report the fabric state Completed, not_reported: GPUs that print N/A (generations
+    before the contract's fabric_state_min_generation; unknown ones may print either)} on an NVSwitch host."""
+    if nvswitch_count <= 0:
+        return {"completed": 0, "not_reported": 0}
+    generations = contract["generations"]
+    first = generations[contract["fabric_state_min_generation"]]["order"]
+    reporting = [g for g in gpus if generations.get(g["architecture"], {}).get("order", -1) >= first]
+    return {"completed": len(reporting), "not_reported": len(gpus) - len(reporting)}
+
+
 def _ubuntu(settings, branch, flavour, errors):
     server = bool(settings.get("server", True))
     variant = ("-server" if server else "") + ("-open" if flavour == "open" else "")
@@ -208,8 +225,9 @@ def _debian(settings, source, branch, flavour):
     return [*packages, headers], "libcuda1"
 
 
-def _stale(installed, branch, flavour):
-    """Installed Ubuntu driver packages of another branch or the other flavour."""
+def _stale(installed, branch, flavour, other_modules):
+    """Installed Ubuntu driver packages of another branch or the other flavour, and this branch's kernel module
+    packages of the kind the plan does not use (``other_modules``: name prefixes)."""
     stale = []
     for name in installed:
         match = _UBUNTU_DRIVER_PACKAGE.match(name)
@@ -226,7 +244,8 @@ def _stale(installed, branch, flavour):
             "linux-objects-nvidia",
         )
         other_flavour = flavoured and bool(match.group(4)) != (flavour == "open")
-        if other_branch or other_flavour:
+        other_kind = match.group(1) in other_modules
+        if other_branch or other_flavour or other_kind:
             stale.append(name)
     return sorted(stale)
 
@@ -269,9 +288,11 @@ def dinops_nvidia_driver_plan(settings):
     secure_boot_mok_enrolled, contract (facts/nvidia.yml), installed and held (package names).
 
     The plan: release, family, source, branch, flavour, flavour_reason, packages (apt install set), remove
-    (installed packages of another branch or flavour), unhold (held driver packages to release), not_transitional
-    (packages whose candidate must be a real package), version_package (the package whose version is the driver's),
-    services (units to enable), signed_modules, notes, errors (the role stops when not empty).
+    (installed packages of another branch, flavour or kind of kernel module), unhold (held driver packages to
+    release), not_transitional (packages whose candidate must be a real package), version_package (the package whose
+    version is the driver's), modules_package (Canonical's prebuilt module package the plan installs, '' for DKMS),
+    services (units to enable), fabric (see ``_fabric``), signed_modules, notes, errors (the role stops when not
+    empty).
     """
     if not isinstance(settings, dict) or not isinstance(settings.get("contract"), dict):
         raise AnsibleFilterError("dinops_nvidia_driver_plan expects a dict of settings with the contract")
@@ -305,11 +326,20 @@ def dinops_nvidia_driver_plan(settings):
     flavour, reason = _flavour(gpus, requested, branch, contract, errors)
     _check_branch(gpus, branch, flavour, release_name, offered, contract, errors)
 
-    services = ["nvidia-fabricmanager"] if int(settings.get("nvswitch_count") or 0) > 0 else []
+    nvswitch_count = int(settings.get("nvswitch_count") or 0)
+    services = ["nvidia-fabricmanager"] if nvswitch_count > 0 else []
+    modules_package = ""
     if release["family"] == "ubuntu":
         packages, not_transitional, signed = _ubuntu(settings, branch, flavour, errors)
         version_package = not_transitional[2]
-        remove = _stale(settings.get("installed") or [], branch, flavour)
+        modules_package = not_transitional[3] if signed else ""
+        if not signed:
+            other_modules = _PREBUILT_MODULES
+        elif settings.get("headless", True):
+            other_modules = _DKMS_MODULES
+        else:
+            other_modules = ()  # nvidia-driver-<B> depends on nvidia-dkms-<B>: it stays beside the prebuilt module
+        remove = _stale(settings.get("installed") or [], branch, flavour, other_modules)
     else:
         packages, version_package = _debian(settings, source, branch, flavour)
         not_transitional, signed, remove = [], False, []
@@ -329,7 +359,9 @@ def dinops_nvidia_driver_plan(settings):
         "unhold": unhold,
         "not_transitional": not_transitional,
         "version_package": version_package,
+        "modules_package": modules_package,
         "services": services,
+        "fabric": _fabric(gpus, nvswitch_count, contract),
         # apt preferences that lock the branch where package names do not carry it (NVIDIA's CUDA repository).
         "pin": {"packages": NVIDIA_REPO_PACKAGES, "version": f"{branch}.*"} if source == "nvidia" else {},
         "signed_modules": signed,
@@ -357,14 +389,6 @@ def dinops_apt_missing(stanzas, names):
     """The names that ``apt-cache show`` printed no stanza for. It exits 0 when only some names are missing."""
     shown = set(re.findall(r"^Package:\s*(\S+)", stanzas or "", re.M))
     return [name for name in names or [] if name not in shown]
-
-
-def dinops_fabricmanager_version(stanzas, branch):
-    """The driver version (upstream, e.g. '580.159.03') that Fabric Manager's candidate requires, from
-    ``apt-cache show --no-all-versions nvidia-fabricmanager-<branch>``: it depends on the exact virtual
-    ``nvidia-kernel-common-<branch>-server-<version>``. '' when it names none."""
-    found = re.findall(rf"nvidia-kernel-common-{branch}-server-([0-9][0-9.]*[0-9])", stanzas or "")
-    return found[0] if found else ""
 
 
 def dinops_kernel_flavour(packages, kernel, family):
@@ -406,7 +430,6 @@ class FilterModule:
             "dinops_nvidia_driver_plan": dinops_nvidia_driver_plan,
             "dinops_apt_transitional": dinops_apt_transitional,
             "dinops_apt_missing": dinops_apt_missing,
-            "dinops_fabricmanager_version": dinops_fabricmanager_version,
             "dinops_kernel_flavour": dinops_kernel_flavour,
             "dinops_newest_kernel": dinops_newest_kernel,
         }
