@@ -17,7 +17,7 @@ MOLECULE_SCENARIOS ?=
 PYTEST_ARGS ?=
 
 .PHONY: verify help up test setup setup-controller venv venv-controller collections docker molecule-image \
-	lint molecule pytest images browser demo bench syntax clean
+	lint molecule pytest images browser gpu-rehearsal newcomer bench syntax clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -67,7 +67,7 @@ syntax: $(VENV)/.controller
 # --- tests -----------------------------------------------------------------------------------------------------------
 test: ## Run every test (what CI runs), printing one timing line per stage; every stage runs, failures reported at the end
 	@failed=""; \
-	for stage in set-up:setup lint:lint molecule:molecule python-tests:pytest images:images browser:browser demo:demo; do \
+	for stage in set-up:setup lint:lint molecule:molecule python-tests:pytest images:images browser:browser gpu-rehearsal:gpu-rehearsal newcomer:newcomer; do \
 	  $(STAGE) $${stage%%:*} $(MAKE) --no-print-directory $${stage##*:} || failed="$$failed $${stage%%:*}"; \
 	done; \
 	if [ -n "$$failed" ]; then echo "make test: failed stages:$$failed"; exit 1; fi; \
@@ -89,7 +89,7 @@ molecule: $(VENV)/.dev ## Every Molecule scenario: converge, idempotence (change
 # started server) are made once, and the tests pick free ports and their own temporary directories.
 PYTEST_WORKERS ?= $(shell nproc)
 pytest: $(VENV)/.dev ## Python tests: the apps, the Ansible plugins, inventories and manifests (PYTEST_WORKERS at a time)
-	python -m pytest -m "not browser and not images and not demo" --numprocesses=$(PYTEST_WORKERS) --dist=loadfile \
+	python -m pytest -m "not browser and not images and not newcomer and not rehearsal" --numprocesses=$(PYTEST_WORKERS) --dist=loadfile \
 	  $(PYTEST_ARGS)
 
 images: $(VENV)/.dev docker ## Build every container image (air-gapped mode) and run it
@@ -98,10 +98,15 @@ images: $(VENV)/.dev docker ## Build every container image (air-gapped mode) and
 browser: $(VENV)/.dev ## The web client in a real headless Chromium
 	scripts/pytest-stage.sh -m browser $(PYTEST_ARGS)
 
-demo: $(VENV)/.dev docker ## The CPU demo end to end: site.yml on this machine's Docker, a kill and resume, a browser, changed=0
-	scripts/pytest-stage.sh -m demo -s $(PYTEST_ARGS)
+gpu-rehearsal: $(VENV)/.dev docker molecule-image ## make up twice on a GPU-VM look-alike container (driver, reboot, toolkit, Docker, cluster)
+	scripts/pytest-stage.sh -m rehearsal -s $(PYTEST_ARGS)
 
-bench: $(VENV)/.dev ## Benchmarks that print figures (model vs official, precision, training, serving, downloader, images)
+# The README's `make up` as a newcomer runs it: a fresh clone (no .venv), this machine's Docker daemon stopped first,
+# no systemd; then the CPU demo end to end (first correct detection, kill and resume, a browser, changed=0, teardown).
+newcomer: $(VENV)/.dev ## make up from a fresh clone with no venv and no Docker daemon, timed to the first correct detection
+	scripts/pytest-stage.sh -m newcomer -s $(PYTEST_ARGS)
+
+bench: $(VENV)/.dev ## Benchmarks that print figures (model vs official, precision, training, serving, downloader, images, clone to first detection)
 	@scripts/system-packages.sh bench
 	@for b in apps/bench/bench_*.py; do echo "=== $$b"; python $$b || exit 1; done
 
