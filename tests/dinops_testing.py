@@ -20,6 +20,16 @@ def load_plugin(relative_path: str):
     return module
 
 
+def working_tree_files() -> list[Path]:
+    """The repository's files as a fresh clone with the uncommitted changes has them: tracked and untracked, not
+    ignored (no .venv, .cache, artifacts), files only, relative to REPO."""
+    import subprocess
+
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                            capture_output=True, check=True).stdout  # fmt: skip
+    return [Path(name.decode()) for name in listed.split(b"\0") if name and (REPO / name.decode()).is_file()]
+
+
 def driver_plan_settings(release: str, kernel: str, kernel_flavour: str, **overrides) -> dict:
     """Settings for the nvidia_driver role's plan filter as the role builds them on a host with the role's defaults
     (branch, flavour, server, headless, prebuilt modules), the compatibility contract, no GPU and nothing installed;

@@ -41,6 +41,8 @@ from pathlib import Path
 
 import pytest
 
+from dinops_testing import working_tree_files
+
 # make up may rebuild the images (minutes) and training takes minutes on two cores.
 pytestmark = [pytest.mark.newcomer, pytest.mark.timeout(3600)]
 
@@ -127,11 +129,8 @@ def _fresh_clone() -> None:
     clone is exactly what is being tested (in CI, a clean clone of main, the copy changes nothing)."""
     shutil.rmtree(CLONE, ignore_errors=True)
     subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(REPO), str(CLONE)], check=True)
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                            capture_output=True, check=True).stdout  # fmt: skip
-    files = [f for f in listed.split(b"\0") if f and (REPO / f.decode()).is_file()]
-    subprocess.run(["rsync", "-a", "--from0", "--files-from=-", f"{REPO}/", f"{CLONE}/"], input=b"\0".join(files),
-                   check=True)  # fmt: skip
+    files = "\0".join(map(str, working_tree_files())).encode()
+    subprocess.run(["rsync", "-a", "--from0", "--files-from=-", f"{REPO}/", f"{CLONE}/"], input=files, check=True)
     deleted = subprocess.run(["git", "ls-files", "-z", "--deleted"], cwd=REPO, capture_output=True, check=True)
     for name in filter(None, deleted.stdout.split(b"\0")):
         (CLONE / name.decode()).unlink(missing_ok=True)

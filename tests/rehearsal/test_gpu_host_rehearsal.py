@@ -50,6 +50,8 @@ import pytest
 from rehearsal.toolkit_repo import VERSION as TOOLKIT_VERSION
 from rehearsal.toolkit_repo import build_toolkit_repo
 
+from dinops_testing import working_tree_files
+
 pytestmark = pytest.mark.rehearsal
 
 REPO = Path(__file__).resolve().parents[2]
@@ -160,9 +162,7 @@ def _pip_trusts_the_proxy() -> None:
 def _clone() -> None:
     """The working tree as `git clone` plus the uncommitted changes gives it (no .venv, .cache or artifacts), with
     the rehearsal site's host_vars."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                            capture_output=True, check=True).stdout  # fmt: skip
-    files = [REPO / name.decode() for name in listed.split(b"\0") if name and (REPO / name.decode()).is_file()]
+    files = [REPO / name for name in working_tree_files()]
     _vm(f"mkdir -p {CLONE} && tar -xf - -C {CLONE}", data=_tar(REPO, files))
     host_vars = FILES / "host_vars" / "localhost.yml"
     _vm(
