@@ -12,7 +12,6 @@ export PATH := $(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 INVENTORY ?= inventories/local
 ANSIBLE_ARGS ?=
-STAGE := scripts/stage.sh
 MOLECULE_SCENARIOS ?=
 PYTEST_ARGS ?=
 
@@ -65,13 +64,8 @@ syntax: $(VENV)/.controller
 	@for p in playbooks/*.yml; do ansible-playbook -i $(INVENTORY) $$p --syntax-check >/dev/null || exit 1; done
 
 # --- tests -----------------------------------------------------------------------------------------------------------
-test: ## Run every test (what CI runs), printing one timing line per stage; every stage runs, failures reported at the end
-	@failed=""; \
-	for stage in set-up:setup lint:lint molecule:molecule python-tests:pytest images:images browser:browser gpu-rehearsal:gpu-rehearsal newcomer:newcomer; do \
-	  $(STAGE) $${stage%%:*} $(MAKE) --no-print-directory $${stage##*:} || failed="$$failed $${stage%%:*}"; \
-	done; \
-	if [ -n "$$failed" ]; then echo "make test: failed stages:$$failed"; exit 1; fi; \
-	echo "make test: all stages passed"
+test: ## Run every test (what CI runs), one timing line per stage; every stage runs, failures reported at the end
+	@MAKE="$(MAKE)" scripts/test-all.sh
 
 lint: $(VENV)/.dev ## yamllint, ansible-lint (production, no skips), ruff, hadolint, syntax checks
 	yamllint --strict .

@@ -8,11 +8,14 @@ package graph as a flat repository of empty packages), with a kernel metapackage
 the captured graph has no -aws modules; a g5.xlarge has linux-aws). Debian 12's own archive stays as a source, for
 the real packages the roles install (docker.io, python3-debian, ...); the package lists start empty. On its PCI bus,
 by a stand-in lspci (files/lspci), one A10G. A signed stand-in of NVIDIA's libnvidia-container repository
-(toolkit_repo.py) is served inside the instance. The repository's working tree is copied to /root/dinops, without
-.venv: `make up` there, as root, builds its own controller venv from PyPI (the machine's proxy CA given to pip in
-/etc/pip.conf) and runs site.yml on inventories/local as it is (local connection, /usr/bin/python3). The only
-addition is inventories/local/host_vars/localhost.yml (files/host_vars): the stand-in repository's URLs, a minikube
-mirror without minikube, and the disk threshold.
+(toolkit_repo.py) is served inside the instance. The user is the cloud image's: `ubuntu`, a sudoer without a
+password (Ubuntu's cloud-init default: `sudo: ALL=(ALL) NOPASSWD:ALL`), its home 0750 (Ubuntu 24.04's HOME_MODE in
+/etc/login.defs), not root (round2-hosts-cluster F13). The repository's working tree is copied to
+/home/ubuntu/dinops, owned by that user and without .venv: `make up` there, as `ubuntu`, installs the controller's
+packages through sudo, builds its own controller venv from PyPI (the machine's proxy CA given to pip in
+/etc/pip.conf) and runs site.yml on inventories/local as it is (local connection, /usr/bin/python3, `become` where
+root is needed). The only addition is inventories/local/host_vars/localhost.yml (files/host_vars): the stand-in
+repository's URLs, a minikube mirror without minikube, and the disk threshold.
 
 1. First `make up`: preflight finds the A10G; nvidia_driver installs the 580-server open driver with the generic
    kernel's prebuilt module; the run stops at `reboot | Stop and tell the user to reboot` with REBOOT REQUIRED.
@@ -59,7 +62,8 @@ FILES = Path(__file__).resolve().parent / "files"
 ARTIFACTS = REPO / "artifacts"
 IMAGE = os.environ.get("MOLECULE_IMAGE", "dinops-molecule:debian12")
 NAME = "dinops-rehearsal"
-CLONE = "/root/dinops"
+USER = "ubuntu"
+CLONE = f"/home/{USER}/dinops"
 CAPABILITIES = ("SYS_ADMIN", "NET_ADMIN", "NET_RAW", "SYS_PTRACE", "SYS_MODULE", "MKNOD", "SETFCAP", "AUDIT_WRITE",
                 "SYS_CHROOT", "DAC_READ_SEARCH", "IPC_LOCK")  # fmt: skip
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -159,14 +163,24 @@ def _pip_trusts_the_proxy() -> None:
     )
 
 
+def _cloud_user() -> None:
+    """The default user of Ubuntu's cloud images: in the sudo group, NOPASSWD by cloud-init's sudoers.d file."""
+    _vm(
+        f"useradd --create-home --shell /bin/bash --groups sudo {USER} && chmod 0750 /home/{USER}"
+        f" && echo '{USER} ALL=(ALL) NOPASSWD:ALL' > /etc/sudoers.d/90-cloud-init-users"
+        " && chmod 0440 /etc/sudoers.d/90-cloud-init-users"
+    )
+
+
 def _clone() -> None:
     """The working tree as `git clone` plus the uncommitted changes gives it (no .venv, .cache or artifacts), with
-    the rehearsal site's host_vars."""
+    the rehearsal site's host_vars, owned by the user who cloned it."""
     files = [REPO / name for name in working_tree_files()]
     _vm(f"mkdir -p {CLONE} && tar -xf - -C {CLONE}", data=_tar(REPO, files))
     host_vars = FILES / "host_vars" / "localhost.yml"
     _vm(
-        f"mkdir -p {CLONE}/inventories/local/host_vars && cat > {CLONE}/inventories/local/host_vars/localhost.yml",
+        f"mkdir -p {CLONE}/inventories/local/host_vars && cat > {CLONE}/inventories/local/host_vars/localhost.yml"
+        f" && chown -R {USER}: {CLONE}",
         data=host_vars.read_bytes(),
     )
     assert _vm(f"test -e {CLONE}/.venv", check=False).returncode != 0
@@ -178,8 +192,9 @@ def _install(name: str, path: str) -> None:
 
 def _make_up(n: int) -> dict:
     began = time.monotonic()
-    done = subprocess.run(["docker", "exec", "-w", CLONE, NAME, "make", "up"], capture_output=True, text=True,
-                          timeout=480, check=False)  # fmt: skip
+    # As `ubuntu` logs in: a login shell (its PATH, HOME and umask), in the clone.
+    done = subprocess.run(["docker", "exec", "-u", USER, "-w", CLONE, NAME, "bash", "-lc", "make up"],
+                          capture_output=True, text=True, timeout=480, check=False)  # fmt: skip
     TIMES[f"make up #{n}"] = time.monotonic() - began
     output = done.stdout + done.stderr
     ARTIFACTS.mkdir(exist_ok=True)
@@ -228,6 +243,7 @@ def host(tmp_path_factory):
         _install("lspci", "/usr/local/bin/lspci")
         _nvidia_repository(work)
         _pip_trusts_the_proxy()
+        _cloud_user()
         _clone()
         TIMES["instance"] = time.monotonic() - began
         print(f"\nrehearsal: instance ready in {TIMES['instance']:.0f} s")
@@ -352,3 +368,12 @@ def test_second_make_up_stops_at_the_minikube_download(second_run):
     ]  # fmt: skip
     assert second_run["tasks"][-1][0] == download
     assert _recap(second_run["output"])["failed"] == 1
+
+
+def test_make_up_runs_as_the_cloud_user_and_leaves_the_clone_to_it(second_run):
+    """F13: the user's own files stay the user's (the controller venv, the fact cache, the logs), so that `git pull`
+    and the next `make up` work without sudo; what needs root was done through `become`."""
+    foreign = _out(f"find {CLONE} -not -user {USER} -printf '%u %p\\n' | head -n 20")
+    assert not foreign, f"files in the clone not owned by {USER}:\n{foreign}"
+    assert _out(f"stat -c %U {CLONE}/.venv/bin/python").strip() == USER
+    assert _out("stat -c %U /etc/docker/daemon.json").strip() == "root"
