@@ -1,9 +1,13 @@
-"""Fixtures for the web client: a scriptable fake API on 127.0.0.1, the app and its test client."""
+"""Fixtures for the web client: a scriptable fake API on 127.0.0.1, the app and its test client, a self-signed
+certificate for 127.0.0.1."""
 
 from __future__ import annotations
 
+import datetime
+import ipaddress
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from flask import Flask, jsonify, request
@@ -76,3 +80,46 @@ def make_client(fake_api):
 @pytest.fixture
 def client(make_client):
     return make_client()
+
+
+def write_self_signed(folder: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and localhost (valid for one day) and its key, as PEM files."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    folder.mkdir(parents=True, exist_ok=True)
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "dinops-client test")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = folder / "tls.crt", folder / "tls.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    key_path.chmod(0o600)
+    return cert_path, key_path
+
+
+@pytest.fixture(scope="session")
+def make_tls_pair():
+    return write_self_signed
+
+
+@pytest.fixture
+def tls_pair(tmp_path):
+    return write_self_signed(tmp_path / "tls")

@@ -5,6 +5,7 @@ Run on its own with ``pytest -m browser``; needs ``/usr/bin/chromium`` (apt pack
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -94,7 +95,7 @@ def stack(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def page(stack):
+def browser():
     if not CHROMIUM.exists():
         pytest.fail("the browser test needs Debian's chromium: apt-get install -y chromium")
     from playwright.sync_api import sync_playwright
@@ -103,10 +104,16 @@ def page(stack):
             "--disable-component-update", "--disable-sync"]  # fmt: skip
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=args)
-        page = browser.new_page(viewport={"width": 1100, "height": 1000})
-        page.set_default_timeout(120_000)
-        yield page
+        yield browser
         browser.close()
+
+
+@pytest.fixture(scope="module")
+def page(stack, browser):
+    page = browser.new_page(viewport={"width": 1100, "height": 1000})
+    page.set_default_timeout(120_000)
+    yield page
+    page.close()
 
 
 def test_upload_draws_the_api_answer_safely(stack, page):
@@ -243,3 +250,119 @@ def test_an_api_waiting_for_a_model_is_shown_as_such(stack, page, tmp_path):
         page.wait_for_selector('#status[data-state="waiting"]')
         text = page.text_content("#status")
         assert text.startswith(f"The model is not there yet: waiting for a model ({missing}) …"), text
+
+
+PASSWORD = "browser test password"
+
+
+@pytest.fixture(scope="module")
+def secure_client(stack, make_tls_pair, tmp_path_factory):
+    """Start clients in front of the stack's API as a public deployment runs them: HTTPS with a certificate made
+    here, a login, ``CLIENT_PUBLIC``; yields a function of the session length that returns the client's URL."""
+    root = tmp_path_factory.mktemp("secure")
+    cert, key = make_tls_pair(root / "tls")
+    password = root / "password"
+    password.write_text(PASSWORD + "\n")
+    with contextlib.ExitStack() as started, pytest.MonkeyPatch.context() as patch:
+        patch.setenv("REQUESTS_CA_BUNDLE", str(cert))  # running() polls /readyz over HTTPS with requests' defaults
+
+        def start(session_hours: float) -> str:
+            address = f"127.0.0.1:{free_port()}"
+            env = {
+                "DINO_API_URL": stack["api"],
+                "CLIENT_BIND": address,
+                "CLIENT_PUBLIC": "true",
+                "CLIENT_PASSWORD_FILE": str(password),
+                "CLIENT_TLS_CERT_FILE": str(cert),
+                "CLIENT_TLS_KEY_FILE": str(key),
+                "CLIENT_SESSION_HOURS": str(session_hours),
+                "THRESHOLD": "0",
+                "CLIENT_MAX_DETECTIONS": str(MAX_DETECTIONS),
+            }
+            started.enter_context(running("client", env, f"https://{address}", root / f"client-{address[10:]}.log"))
+            return f"https://{address}"
+
+        yield start
+
+
+@pytest.fixture
+def tls_page(browser):
+    # the certificate was made by this test for 127.0.0.1: this browser context, and only it, accepts it
+    context = browser.new_context(ignore_https_errors=True, viewport={"width": 1100, "height": 1000})
+    page = context.new_page()
+    page.set_default_timeout(120_000)
+    yield page
+    context.close()
+
+
+def _log_in(page, url: str, password: str) -> None:
+    page.fill("#user", "dinops")
+    page.fill("#password", password)
+    page.click("#login button[type=submit]")
+
+
+def test_login_over_https_then_upload(secure_client, tls_page, tmp_path):
+    url = secure_client(12)
+    page = tls_page
+    page.goto(url + "/")
+    assert page.url == url + "/login" and page.title() == "Log in · DINO object detection"
+
+    with page.expect_response(url + "/login") as wrong:
+        _log_in(page, url, "not the password")
+    assert wrong.value.status == 401
+    assert page.text_content("#error") == "Wrong user name or password."
+    assert page.context.cookies() == []
+
+    _log_in(page, url, PASSWORD)
+    page.wait_for_url(url + "/")
+    (cookie,) = page.context.cookies()
+    assert (cookie["name"], cookie["secure"], cookie["httpOnly"], cookie["sameSite"]) == (
+        "dinops_session",
+        True,
+        True,
+        "Strict",
+    )
+    assert PASSWORD not in cookie["value"]
+    assert page.text_content("#logout span") == "Logged in as dinops"
+
+    image_path = tmp_path / "street.jpg"
+    pixels = np.random.default_rng(7).integers(0, 256, size=(120, 160), dtype=np.uint8)
+    Image.fromarray(pixels, "L").convert("RGB").save(image_path, "JPEG")
+    page.set_input_files("#file", str(image_path))
+    page.wait_for_selector('#status[data-state="done"]')
+    rows = page.locator("tr.detection")
+    assert rows.count() == MAX_DETECTIONS
+    label, box = int(rows.last.get_attribute("data-label")), json.loads(rows.last.get_attribute("data-box"))
+    shown = _canvas_geometry(page)
+    _assert_box_drawn_at(page, box, shown["scale"], PALETTE[label % len(PALETTE)])
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "client-browser-login.png"), full_page=True)
+
+    page.click("#logout button")
+    page.wait_for_url(url + "/login?logged_out=1")
+    assert page.text_content("#message") == "You are logged out."
+    assert page.context.cookies() == []
+    page.goto(url + "/")
+    assert page.url == url + "/login"
+
+
+def test_an_expired_session_returns_to_the_login(secure_client, tls_page, tmp_path):
+    hours = 0.002  # 7.2 s
+    url = secure_client(hours)
+    page = tls_page
+    page.goto(url + "/")
+    _log_in(page, url, PASSWORD)
+    page.wait_for_url(url + "/")
+    assert page.locator("#file").count() == 1
+    page.wait_for_timeout(hours * 3600 * 1000 + 1500)  # the session ends while the page is open
+    image = tmp_path / "photo.png"
+    Image.new("RGB", (64, 48), (200, 30, 30)).save(image, "PNG")
+    with page.expect_response(url + "/api/detect") as refused:
+        page.set_input_files("#file", str(image))
+    assert refused.value.status == 401
+    page.wait_for_url(url + "/login?expired=1")
+    assert page.text_content("#message") == "Your session has expired; log in again."
+    page.goto(url + "/")  # the cookie is still in the browser (its Max-Age has passed too), but it opens nothing
+    assert page.url.startswith(url + "/login")
+    _log_in(page, url, PASSWORD)  # and logging in again works
+    page.wait_for_url(url + "/")

@@ -1,5 +1,6 @@
 """``create_app(test_config=None)`` for the web client: the page, and ``POST /api/detect`` which forwards the
-image (held in memory only) to the inference API and turns every failure into a sentence for a person."""
+image (held in memory only) to the inference API and turns every failure into a sentence for a person. The login in
+front of both is :mod:`dinops.client.auth`."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import requests
 from flask import Blueprint, Flask, current_app, jsonify, render_template, request
 from werkzeug.exceptions import HTTPException
 
+from dinops.client import auth
 from dinops.client.settings import SETTINGS
 from dinops.settings import resolve
 
@@ -23,7 +25,7 @@ bp = Blueprint("ui", __name__)
 
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' blob: data:; "
-    "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    "connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
 )
 
 
@@ -48,7 +50,9 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         app.config.update(test_config)
     app.config["MAX_CONTENT_LENGTH"] = int(app.config["MAX_UPLOAD_MB"] * 2**20)
     app.config["API_URL"] = app.config["API_URL"].rstrip("/")
+    auth.check_settings(app.config)
     app.extensions["api_session"] = requests.Session()
+    auth.init_app(app)
     app.register_blueprint(bp)
 
     @app.errorhandler(ClientError)
@@ -72,7 +76,9 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     def security_headers(response):
         response.headers["Content-Security-Policy"] = CSP
         response.headers["X-Content-Type-Options"] = "nosniff"
-        response.headers["Referrer-Policy"] = "no-referrer"
+        # same-origin, not no-referrer: under no-referrer browsers send "Origin: null" even on the page's own POSTs,
+        # which the same-origin check in auth must be able to tell from another site's
+        response.headers["Referrer-Policy"] = "same-origin"
         return response
 
     return app
@@ -86,6 +92,7 @@ def index():
         threshold=config["THRESHOLD"],
         max_bytes=config["MAX_CONTENT_LENGTH"],
         max_mb=f"{config['MAX_UPLOAD_MB']:g}",
+        user=config["USER"] if "login" in current_app.extensions else None,
     )
 
 

@@ -4,6 +4,9 @@ Upload an image (drag and drop or file picker); the page sends it to this server
 memory, never written to disk) to the inference API at DINO_API_URL, and draws the boxes. A slider filters
 them by score without sending the image again. Every option is also an environment variable
 (flag > environment > default); THRESHOLD's old misspelling TRESHOLD still works, with a warning.
+
+With --password-file the page and /api/detect need a login; with --tls-cert-file and --tls-key-file gunicorn serves
+HTTPS. --public true (a client published beyond loopback) refuses to start without both.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import argparse
 import sys
 
 from dinops import logs
+from dinops.client.auth import check_settings
 from dinops.client.settings import ENV_PREFIXES, SETTINGS
 from dinops.serve.cli import run_gunicorn
 from dinops.settings import SettingsError, add_arguments, resolve_from_env
@@ -29,11 +33,13 @@ def main(argv: list[str] | None = None) -> int:
     args = get_args_parser().parse_args(argv)
     try:
         resolve_from_env(args, SETTINGS, ENV_PREFIXES, "dinops client")
+        config = {s.dest.upper(): getattr(args, s.dest) for s in SETTINGS}
+        check_settings(config)  # a public client without a login and TLS never starts
     except SettingsError as exc:
         print(f"dinops client: {exc}", file=sys.stderr)
         return 2
     logs.configure(args.log_level, args.log_format)
-    config = {s.dest.upper(): getattr(args, s.dest) for s in SETTINGS}
+    tls = {"certfile": args.tls_cert_file, "keyfile": args.tls_key_file} if args.tls_cert_file else {}
 
     def app_factory():
         from dinops.client.app import create_app
@@ -55,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.log_level, args.log_format, ("gunicorn.error", "gunicorn.access")
             ),
             "proc_name": "dinops-client",
+            **tls,
         },
     )
     return 0

@@ -1,5 +1,6 @@
 """Settings of the web client (`dinops client`). ``THRESHOLD`` keeps the original service's name; its old
-misspelling ``TRESHOLD`` is still read, with a deprecation warning."""
+misspelling ``TRESHOLD`` is still read, with a deprecation warning. The login and TLS settings are checked together
+at start-up by :func:`dinops.client.auth.check_settings`."""
 
 from __future__ import annotations
 
@@ -10,7 +11,12 @@ ENV_PREFIXES = ("CLIENT_", "DINO_API_")
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("api_url", "http://127.0.0.1:8000", "base URL of the inference API", env="DINO_API_URL"),
-    Setting("api_token", "", "bearer token sent to the API (if it requires one)", env="DINO_API_TOKEN"),
+    Setting(
+        "api_token",
+        "",
+        "bearer token sent to the API (if it requires one); with a login, only for logged-in callers",
+        env="DINO_API_TOKEN",
+    ),
     Setting(
         "api_timeout_s", 30.0, "how long to wait for the API's answer", type=positive_float, env="DINO_API_TIMEOUT_S"
     ),
@@ -26,6 +32,34 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("max_upload_mb", 10.0, "largest image accepted, in MiB", type=positive_float, env="CLIENT_MAX_UPLOAD_MB"),
     Setting("bind", "0.0.0.0:8080", "address:port to listen on", env="CLIENT_BIND"),
+    Setting(
+        "public",
+        False,
+        "published on a non-loopback address: refuse to start without a password file and a TLS certificate and key",
+        type=bool,
+        env="CLIENT_PUBLIC",
+    ),
+    Setting("user", "dinops", "user name asked by the login form", env="CLIENT_USER"),
+    Setting(
+        "password_file",
+        "",
+        "file holding the login password (one trailing newline ignored); empty: no login",
+        env="CLIENT_PASSWORD_FILE",
+    ),
+    Setting(
+        "tls_cert_file",
+        "",
+        "PEM certificate (chain) to serve HTTPS with; empty: plain HTTP",
+        env="CLIENT_TLS_CERT_FILE",
+    ),
+    Setting("tls_key_file", "", "PEM private key of the TLS certificate", env="CLIENT_TLS_KEY_FILE"),
+    Setting(
+        "session_hours",
+        12.0,
+        "how long a login lasts, in hours",
+        type=positive_float,
+        env="CLIENT_SESSION_HOURS",
+    ),
     Setting("workers", 2, "gunicorn worker processes", type=positive_int, env="CLIENT_WORKERS"),
     Setting("threads", 8, "threads per worker (each waits on one API call)", type=positive_int, env="CLIENT_THREADS"),
     Setting("log_level", "info", "log level", env="CLIENT_LOG_LEVEL", choices=("debug", "info", "warning", "error")),

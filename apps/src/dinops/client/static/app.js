@@ -117,6 +117,12 @@
       say("error", "The web server cannot be reached. Check your connection and try again.");
       return;
     }
+    if (response.status === 401) {
+      // the session ended (expired, logged out elsewhere, new password): back to the login form, which says so
+      say("error", "Your session has expired; taking you to the login page…");
+      window.location.assign("login?expired=1");
+      return;
+    }
     let body = null;
     try {
       body = await response.json();
