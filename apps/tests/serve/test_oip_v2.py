@@ -327,7 +327,7 @@ BAD = {
         {"json": _json_infer(["AAAA"] * 17, input_shape=[17])},
         413,
         "too_many_images",
-        "DINO_QUEUE_SIZE",
+        "at most 16 are accepted (DINO_MAX_IMAGES_PER_REQUEST)",
     ),
     "compressed body": (
         {"json": _json_infer(), "headers": {"Content-Encoding": "gzip"}},

@@ -26,6 +26,7 @@ from dinops.serve import images
 from dinops.serve.batching import QueueFull
 from dinops.serve.detector import Detector, Prediction
 from dinops.serve.errors import ApiError
+from dinops.serve.inflight import InFlight, request_bytes
 from dinops.serve.runtime import ModelRuntime
 
 
@@ -146,49 +147,117 @@ class Detected:
     timing: dict[str, float]
 
 
-def images_per_request() -> int:
-    """A request cannot hold more images than the queue: beyond it, it could never be served (DINO_QUEUE_SIZE)."""
-    return current_app.config["QUEUE_SIZE"]
+def images_per_request() -> tuple[int, str]:
+    """The most images one request may hold and the setting that says so: DINO_MAX_IMAGES_PER_REQUEST, or
+    DINO_QUEUE_SIZE where the queue is smaller (beyond it a request could never be served)."""
+    config = current_app.config
+    if config["QUEUE_SIZE"] < config["MAX_IMAGES_PER_REQUEST"]:
+        return config["QUEUE_SIZE"], "DINO_QUEUE_SIZE"
+    return config["MAX_IMAGES_PER_REQUEST"], "DINO_MAX_IMAGES_PER_REQUEST"
 
 
 def check_count(count: int) -> None:
-    limit = images_per_request()
+    limit, setting = images_per_request()
     if count > limit:
         raise ApiError(
             413,
             "too_many_images",
-            f"{count} images in one request: at most {limit} are accepted (DINO_QUEUE_SIZE); split the request.",
+            f"{count} images in one request: at most {limit} are accepted ({setting}); split the request.",
         )
 
 
-def detect(runtime: ModelRuntime, blobs: Sequence[bytes], where: Callable[[int], str] | None = None) -> list[Detected]:
-    """Decode every image (``where(i)`` names image i in error messages), queue them all, wait for all.
+def in_flight() -> InFlight:
+    """This worker's budget (each gunicorn worker builds its own app, so its own budget)."""
+    budget = current_app.extensions.get("dino_in_flight")
+    if budget is None:
+        config = current_app.config
+        budget = InFlight(int(config["MAX_DECODED_MB"] * images.MIB), config["DECODE_THREADS"])
+        budget = current_app.extensions.setdefault("dino_in_flight", budget)  # if two threads race, one wins
+    return budget
 
-    A full queue cancels the images already queued and answers 503 ``busy``; DINO_REQUEST_TIMEOUT_S bounds the
-    wait of the whole request."""
-    started = time.perf_counter()
-    check_count(len(blobs))
-    detector = runtime.detector
-    decoded, decode_ms = [], []
+
+def _busy(what: str) -> ApiError:
+    return ApiError(429, "busy", f"The service is busy: {what}; try again shortly.", {"Retry-After": "1"})
+
+
+def _name(where: Callable[[int], str] | None, index: int, exc: ApiError) -> None:
+    if where is not None:
+        exc.message = f"{where(index)}: {exc.message}"
+
+
+def _open(blobs: Sequence[bytes], detector: Detector, where: Callable[[int], str] | None) -> list[images.Pending]:
+    """Every image's header, checked against the limits before any image of the request is decoded."""
+    config = current_app.config
+    limits = images.Limits(
+        config["MAX_IMAGE_PIXELS"], int(config["MAX_IMAGE_MB"] * images.MIB), detector.min_size, detector.max_size
+    )
+    pending = []
     for index, blob in enumerate(blobs):
-        begun = time.perf_counter()
         try:
-            image = images.decode(blob, current_app.config["MAX_IMAGE_PIXELS"])
-            short, long = sorted(image.size)
+            image = images.open_image(blob, limits)
+            short, long = sorted((image.width, image.height))
             if short * min(detector.min_size / short, detector.max_size / long) < 2:  # would resize to nothing
                 raise ApiError(
                     400, "bad_aspect_ratio", f"The image ({image.width}x{image.height}) is too thin to analyse."
                 )
         except ApiError as exc:
-            if where is not None:
-                exc.message = f"{where(index)}: {exc.message}"
+            _name(where, index, exc)
             raise
-        decoded.append(image)
+        pending.append(image)
+    return pending
+
+
+def detect(runtime: ModelRuntime, blobs: Sequence[bytes], where: Callable[[int], str] | None = None) -> list[Detected]:
+    """Check every image's header, reserve the memory they need, decode them, queue them all, wait for all
+    (``where(i)`` names image i in error messages).
+
+    Images beyond DINO_MAX_IMAGES_PER_REQUEST, DINO_MAX_IMAGE_PIXELS or DINO_MAX_IMAGE_MB, or a request that could
+    never fit DINO_MAX_DECODED_MB, answer 413 before anything is decoded; no room in the worker's budget or no free
+    decode slot (DINO_DECODE_THREADS) by the deadline answers 429 ``busy``; a full queue cancels the images already
+    queued and answers 503 ``busy``. DINO_REQUEST_TIMEOUT_S bounds the wait of the whole request."""
+    started = time.perf_counter()
+    check_count(len(blobs))
+    detector = runtime.detector
+    pending = _open(blobs, detector, where)
+    budget, need = in_flight(), request_bytes(pending)
+    if need > budget.capacity:
+        raise ApiError(
+            413,
+            "request_too_large",
+            f"The request's images would take about {need / images.MIB:,.0f} MiB once decoded: a worker holds at "
+            f"most {budget.capacity / images.MIB:,.4g} MiB of images (DINO_MAX_DECODED_MB); send fewer or smaller "
+            "images per request.",
+        )
+    timeout = current_app.config["REQUEST_TIMEOUT_S"]
+    deadline = time.monotonic() + timeout
+    if not budget.reserve(need, deadline):
+        raise _busy(
+            f"the images in flight fill this worker's {budget.capacity / images.MIB:,.4g} MiB (DINO_MAX_DECODED_MB)"
+        )
+    try:
+        return _detect_reserved(runtime, detector, pending, budget, deadline, started, where)
+    finally:
+        budget.release(need)
+
+
+def _detect_reserved(runtime, detector, pending, budget, deadline, started, where) -> list[Detected]:
+    prepared, decode_ms = [], []
+    for index, image in enumerate(pending):
+        with budget.decoding(deadline) as slot:
+            if not slot:
+                raise _busy(f"all {budget.decode_threads} decode slots stayed taken (DINO_DECODE_THREADS)")
+            begun = time.perf_counter()
+            try:
+                pixels = detector.prepare(image.decode())
+            except ApiError as exc:
+                _name(where, index, exc)
+                raise
+        prepared.append(pixels)
         decode_ms.append((time.perf_counter() - begun) * 1000)
     futures = []
     try:
-        for image in decoded:
-            futures.append(runtime.batcher.submit(detector.prepare(image), (image.height, image.width)))
+        for image, pixels in zip(pending, prepared, strict=True):
+            futures.append(runtime.batcher.submit(pixels, (image.height, image.width)))
     except QueueFull as exc:
         for future in futures:
             future.cancel()
@@ -196,8 +265,8 @@ def detect(runtime: ModelRuntime, blobs: Sequence[bytes], where: Callable[[int],
         raise ApiError(
             503, "busy", "The service is busy; try again shortly.", {"Retry-After": str(exc.retry_after_s)}
         ) from None
+    del prepared
     timeout = current_app.config["REQUEST_TIMEOUT_S"]
-    deadline = time.monotonic() + timeout
     results = []
     try:
         for future in futures:
@@ -210,7 +279,7 @@ def detect(runtime: ModelRuntime, blobs: Sequence[bytes], where: Callable[[int],
         ) from None
     total_ms = (time.perf_counter() - started) * 1000
     answers = []
-    for image, ms, ((prediction, used), batch) in zip(decoded, decode_ms, results, strict=True):
+    for image, ms, ((prediction, used), batch) in zip(pending, decode_ms, results, strict=True):
         runtime.metrics.queue_wait.observe(batch.queue_s)
         timing = {
             "decode_ms": ms,

@@ -14,8 +14,9 @@ def _errors(*codes: int) -> dict[str, Any]:
         400: "bad image, parameter or request body",
         404: "no such model (DINO_MODEL_NAME) or version",
         401: "missing or wrong bearer token",
-        413: "upload or image too large",
+        413: "upload or image too large, or too many images (the message names the limit's setting)",
         415: "not an accepted content type or image format",
+        429: "no room for the images in flight or no free decode slot; see Retry-After",
         503: "busy, waiting for a model, loading or overloaded; see Retry-After",
     }
     return {str(c): {"description": text[c], "content": {"application/json": {"schema": _ERROR}}} for c in codes}
@@ -62,7 +63,7 @@ def _protocol_paths(config: dict[str, Any], security: list[dict[str, list]]) -> 
                     "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
                 },
             },
-            "responses": {"200": {"description": "inference response"}, **_errors(400, 401, 404, 413, 415, 503)},
+            "responses": {"200": {"description": "inference response"}, **_errors(400, 401, 404, 413, 415, 429, 503)},
         }
     }
     paths: dict[str, Any] = {
@@ -73,7 +74,7 @@ def _protocol_paths(config: dict[str, Any], security: list[dict[str, list]]) -> 
                 "summary": 'KServe V1 predict: {"instances": [{"image": {"b64": ...}}], "parameters": {...}}',
                 "security": security,
                 "requestBody": _json_body("instances and parameters (threshold, max_detections, classes)"),
-                "responses": {**predict_responses, **_errors(400, 401, 404, 413, 415, 503)},
+                "responses": {**predict_responses, **_errors(400, 401, 404, 413, 415, 429, 503)},
             }
         },
         "/v2": _get("Open Inference Protocol: server metadata (name, version, extensions)"),
@@ -168,7 +169,7 @@ def spec(config: dict[str, Any]) -> dict[str, Any]:
                                 }
                             },
                         },
-                        **_errors(400, 401, 413, 415, 503),
+                        **_errors(400, 401, 413, 415, 429, 503),
                     },
                 }
             },
@@ -178,7 +179,10 @@ def spec(config: dict[str, Any]) -> dict[str, Any]:
                     "security": security,
                     "parameters": [threshold],
                     "requestBody": _image_body(),
-                    "responses": {"200": {"description": "scores, labels, boxes"}, **_errors(400, 401, 413, 415, 503)},
+                    "responses": {
+                        "200": {"description": "scores, labels, boxes"},
+                        **_errors(400, 401, 413, 415, 429, 503),
+                    },
                 }
             },
             "/healthz": {

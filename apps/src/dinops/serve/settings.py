@@ -193,10 +193,44 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "max_image_pixels",
-        40_000_000,
-        "largest accepted image (width x height)",
+        25_000_000,
+        "most pixels decoded per image (width x height; a JPEG counts after its DCT scaling toward the model's size, "
+        "so larger photos pass): a 24-MP camera frame fits, while the model sees at most DINO_MAX_SIZE x "
+        "DINO_MIN_SIZE",
         type=positive_int,
         env="DINO_MAX_IMAGE_PIXELS",
+    ),
+    Setting(
+        "max_image_mb",
+        128.0,
+        "most memory, in MiB, that decoding one image and converting it to RGB may take, computed from its header "
+        "(size, bits per sample, channels) before any pixel is decoded; beyond it 413",
+        type=positive_float,
+        env="DINO_MAX_IMAGE_MB",
+    ),
+    Setting(
+        "max_images_per_request",
+        16,
+        "most images in one request (KServe V1 instances, Open Inference Protocol V2 elements; never more than "
+        "DINO_QUEUE_SIZE); beyond it 413",
+        type=positive_int,
+        env="DINO_MAX_IMAGES_PER_REQUEST",
+    ),
+    Setting(
+        "max_decoded_mb",
+        512.0,
+        "memory, in MiB, of the images a worker holds at once (being decoded or waiting for the model, as computed "
+        "from their headers); a request that does not fit waits for room up to DINO_REQUEST_TIMEOUT_S, then 429; "
+        "one that could never fit gets 413",
+        type=positive_float,
+        env="DINO_MAX_DECODED_MB",
+    ),
+    Setting(
+        "decode_threads",
+        2,
+        "images a worker decodes at the same time; the other request threads wait their turn",
+        type=positive_int,
+        env="DINO_DECODE_THREADS",
     ),
     Setting("api_token", "", "bearer token required by the detection endpoints (empty: no auth)", env="DINO_API_TOKEN"),
     Setting(

@@ -120,3 +120,72 @@ def noise_jpeg(seed: int, size: tuple[int, int] = (120, 90)) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(pixels).save(buffer, "JPEG")
     return buffer.getvalue()
+
+
+def _status(pid: int, key: str) -> int:
+    """A ``/proc/<pid>/status`` memory field (``VmRSS``, ``VmHWM``) in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (gunicorn's workers under its master), from ``/proc/*/stat``."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return sorted(found)
+
+
+class WorkerMemory:
+    """The peak memory of one server worker while a load runs, and a stand-in for the container's OOM killer.
+
+    ``start()`` resets the kernel's high-water mark of the worker's resident memory (``echo 5 >
+    /proc/<pid>/clear_refs``, proc(5)) and takes the baseline; a thread samples ``VmRSS`` every ``interval`` s and,
+    once it grows past the baseline by ``kill_above`` bytes, SIGKILLs the worker as a memory limit would (a worker
+    that the limit ends is what a hostile load must never cause). ``stop()`` returns the peak growth over the
+    baseline in bytes (the kernel's ``VmHWM``, which misses no spike between samples)."""
+
+    def __init__(self, pid: int, kill_above: int, interval: float = 0.01) -> None:
+        self.pid, self.kill_above, self.interval = pid, kill_above, interval
+        self.baseline = 0
+        self.killed_at: int | None = None
+        self._peak = 0
+        self._stop = None
+        self._thread = None
+
+    def start(self) -> WorkerMemory:
+        import threading
+
+        Path(f"/proc/{self.pid}/clear_refs").write_text("5")
+        self.baseline = _status(self.pid, "VmRSS")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+        return self
+
+    def _watch(self) -> None:
+        import signal
+
+        while not self._stop.wait(self.interval):
+            try:
+                rss = _status(self.pid, "VmRSS")
+            except (OSError, KeyError):
+                return
+            if rss - self.baseline > self.kill_above:
+                self.killed_at = rss - self.baseline
+                os.kill(self.pid, signal.SIGKILL)
+                return
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        if self.killed_at is not None:
+            return self.killed_at
+        return _status(self.pid, "VmHWM") - self.baseline
