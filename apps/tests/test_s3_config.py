@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 
 import pytest
 
@@ -124,3 +125,51 @@ def test_redact_removes_the_secret_of_the_credentials_in_use(aws_env):
     client = s3.make_client("http://127.0.0.1:9")
     text = f"proxy said: signature for {aws_env['AWS_SECRET_ACCESS_KEY']} rejected"
     assert s3.redact(text, client) == "proxy said: signature for *** rejected"
+
+
+@pytest.fixture(scope="module")
+def strict_store(moto_endpoint):
+    """A store that refuses boto3's newer checksum headers and aws-chunked bodies (s3_stand_in.py)."""
+    from .s3_stand_in import start
+
+    stand_in = start(moto_endpoint, strict=True)
+    yield stand_in
+    stand_in.stop()
+
+
+def test_a_custom_endpoint_gets_checksums_only_when_required_and_a_strict_store_takes_every_operation(
+    s3_bucket, strict_store, tmp_path
+):
+    """Finding 17: with an endpoint (an S3-compatible store), botocore's request checksums and response validation
+    default to "when_required"; our sha256 metadata stays the integrity check."""
+    from boto3.s3.transfer import TransferConfig
+
+    client = s3.make_client(strict_store.endpoint)
+    path = tmp_path / "model.pth"
+    path.write_bytes(os.urandom(6 << 20))
+    multipart = TransferConfig(multipart_threshold=5 << 20, multipart_chunksize=5 << 20)  # 2 parts (S3's 5 MiB least)
+    for key, transfer in (("run/single.pth", None), ("run/multi.pth", multipart)):
+        digest = s3.upload_file(client, path, s3_bucket.name, key, transfer=transfer)
+        got = s3.download_verified(client, s3_bucket.name, key, tmp_path / "got" / key, transfer=transfer)
+        assert s3.file_sha256(got) == digest
+    s3.put_bytes(client, b"{}", s3_bucket.name, "run/latest.json")
+    assert s3.get_bytes(client, s3_bucket.name, "run/latest.json") == b"{}"
+    s3.check_write(client, s3.parse_url(s3_bucket.url("run")))
+    assert client.meta.config.request_checksum_calculation == "when_required"
+    assert client.meta.config.response_checksum_validation == "when_required"
+
+    # the stand-in does refuse boto3's defaults, as the store of the audit did
+    default = s3.make_client(strict_store.endpoint, checksums="when_supported")
+    with pytest.raises(s3.S3Error, match=r"InvalidArgument: Unsupported header\(s\): x-amz-checksum-crc32"):
+        s3.put_bytes(default, b"{}", s3_bucket.name, "run/latest.json")
+
+
+def test_aws_itself_keeps_botocores_checksums_and_the_environment_decides_when_set(aws_env, monkeypatch):
+    assert s3.make_client("").meta.config.request_checksum_calculation == "when_supported"  # botocore's default
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:10")  # boto3's endpoint variable is an endpoint too
+    assert s3.make_client("").meta.config.response_checksum_validation == "when_required"
+    monkeypatch.setenv("AWS_REQUEST_CHECKSUM_CALCULATION", "when_supported")  # boto3's own variable wins over auto
+    assert s3.make_client("http://127.0.0.1:9").meta.config.request_checksum_calculation == "when_supported"
+    assert s3.make_client("http://127.0.0.1:9", checksums="when_required").meta.config.request_checksum_calculation == (
+        "when_required"
+    )

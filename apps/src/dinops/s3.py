@@ -10,7 +10,10 @@ Used by the downloader (archives), training (checkpoints and logs, ``--output-s3
   the instance or container role (https://boto3.amazonaws.com/v1/documentation/api/latest/guide/credentials.html);
   retries in botocore's ``standard`` mode (3 attempts unless ``AWS_MAX_ATTEMPTS`` says otherwise, exponential
   backoff on throttling, 5xx and connection errors:
-  https://boto3.amazonaws.com/v1/documentation/api/latest/guide/retries.html);
+  https://boto3.amazonaws.com/v1/documentation/api/latest/guide/retries.html); integrity checksums
+  (:data:`CHECKSUMS`): with an endpoint of its own (an S3-compatible store) botocore adds them only where an operation
+  requires them, since many stores refuse the CRC32 headers and ``aws-chunked`` bodies botocore sends by default;
+  the ``dinops-sha256`` metadata below is the integrity check either way;
 - :class:`S3Error`, the one error of every S3 operation: its message names ``s3://bucket/key``, the operation
   and the cause (the service's error code and message), and never a secret (:func:`redact`);
 - object helpers: ``sha256`` metadata on upload, a verified atomic download, and the ``latest.json`` manifest that
@@ -24,6 +27,7 @@ goes to its own key first and the manifest that points at it is written after, t
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import os
@@ -41,6 +45,15 @@ SHA256_METADATA = "dinops-sha256"  # x-amz-meta-dinops-sha256 on every object di
 # buckets allowed: the service, not this check, has the last word)
 _BUCKET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{1,253}[A-Za-z0-9]$")
 _MISSING = {"404", "NoSuchKey", "NotFound"}
+# botocore's `request_checksum_calculation` / `response_checksum_validation` (botocore 1.44.5 config.py:253-282),
+# both "when_supported" by default (configprovider.py:181-192, variables AWS_REQUEST_CHECKSUM_CALCULATION and
+# AWS_RESPONSE_CHECKSUM_VALIDATION): a CRC32 header on every PutObject/UploadPart, an aws-chunked body with a trailing
+# checksum over https (httpchecksum.py:384-393), checksum mode on every GetObject. Stores that predate them answer
+# InvalidArgument, NotImplemented or MissingContentLength (https://github.com/boto/boto3/issues/4392, #4409).
+# "auto": "when_required" with a custom endpoint (DINO_S3_ENDPOINT, DOWNLOAD_S3_ENDPOINT or boto3's AWS_ENDPOINT_URL),
+# botocore's own choice for AWS itself or when one of the two variables says.
+CHECKSUMS = ("auto", "when_supported", "when_required")
+WRITE_CHECK = ".dinops-write-check"  # the probe object of check_write, under the prefix
 
 
 class S3Error(RuntimeError):
@@ -79,18 +92,34 @@ def parse_url(url: str, setting: str = "") -> S3Url:
     return S3Url(parsed.netloc, parsed.path.strip("/"))
 
 
-def make_client(endpoint: str = "", region: str = "", connections: int = 10):
+def checksum_mode(endpoint: str, checksums: str = "auto") -> str | None:
+    """The value of botocore's two checksum settings for ``endpoint`` (None: botocore decides, :data:`CHECKSUMS`)."""
+    if checksums not in CHECKSUMS:
+        raise S3Error(f"S3 checksums {checksums!r}: expected one of {', '.join(CHECKSUMS)}")
+    if checksums != "auto":
+        return checksums
+    custom = endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    return "when_required" if custom else None
+
+
+def make_client(endpoint: str = "", region: str = "", connections: int = 10, checksums: str = "auto"):
     """A boto3 S3 client. ``endpoint`` empty: boto3's ``AWS_ENDPOINT_URL`` or AWS itself; ``region`` empty:
-    ``AWS_DEFAULT_REGION``/``AWS_REGION`` or the profile's. Credentials are never passed in: boto3 finds them."""
+    ``AWS_DEFAULT_REGION``/``AWS_REGION`` or the profile's; ``checksums``: :data:`CHECKSUMS`. Credentials are never
+    passed in: boto3 finds them."""
     import boto3
     from botocore.config import Config
 
     session = boto3.session.Session(region_name=region or None)
+    mode = checksum_mode(endpoint, checksums)
+    request_mode = None if checksums == "auto" and os.environ.get("AWS_REQUEST_CHECKSUM_CALCULATION") else mode
+    response_mode = None if checksums == "auto" and os.environ.get("AWS_RESPONSE_CHECKSUM_VALIDATION") else mode
     config = Config(
         retries={"mode": "standard"},
         connect_timeout=10,
         read_timeout=60,
         max_pool_connections=max(10, connections),
+        request_checksum_calculation=request_mode,
+        response_checksum_validation=response_mode,
     )
     client = session.client("s3", endpoint_url=endpoint or None, config=config)
     client.dinops_session = session  # redact() reads the secret of the credentials actually in use
@@ -164,6 +193,45 @@ def check_access(client, location: S3Url) -> None:
         client.list_objects_v2(Bucket=location.bucket, Prefix=location.prefix, MaxKeys=1)
     except client_errors() as exc:
         raise failure(client, "listing", location.bucket, location.prefix, exc) from exc
+
+
+def check_write(client, location: S3Url) -> None:
+    """Prove that uploads will work before anything depends on them: put and delete a small probe object
+    (``s3:PutObject``, ``s3:DeleteObject``, a bucket policy demanding headers, a store refusing our requests), then
+    create and abort one multipart upload, the way checkpoints go up (``s3:AbortMultipartUpload``; on a KMS-encrypted
+    bucket ``kms:GenerateDataKey``, https://docs.aws.amazon.com/AmazonS3/latest/userguide/mpuoverview.html)."""
+    bucket, key = location.bucket, location.key(WRITE_CHECK)
+    put_bytes(client, b"dinops write check\n", bucket, key, "text/plain")
+    delete(client, bucket, key)
+    try:
+        upload = client.create_multipart_upload(Bucket=bucket, Key=key, Metadata={SHA256_METADATA: ""})
+    except client_errors() as exc:
+        raise failure(client, "starting a multipart upload to", bucket, key, exc) from exc
+    try:
+        client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload["UploadId"])
+    except client_errors() as exc:
+        raise failure(client, "aborting the multipart upload of", bucket, key, exc) from exc
+
+
+def abort_stale_uploads(client, location: S3Url, older_than: datetime.timedelta) -> list[str]:
+    """Abort the incomplete multipart uploads under ``location``'s prefix started more than ``older_than`` ago (a
+    process killed in the middle of an upload cannot abort it; its parts are stored and billed until someone does:
+    https://docs.aws.amazon.com/AmazonS3/latest/userguide/mpuoverview.html). Younger ones may be a live writer's.
+    Returns the keys aborted; needs ``s3:ListBucketMultipartUploads`` and ``s3:AbortMultipartUpload``."""
+    prefix = location.key("")
+    cutoff = datetime.datetime.now(datetime.timezone.utc) - older_than
+    aborted = []
+    try:
+        for page in client.get_paginator("list_multipart_uploads").paginate(Bucket=location.bucket, Prefix=prefix):
+            for upload in page.get("Uploads", []):
+                # the prefix checked here too: not every store filters by it (moto 5.2.5 ignores it)
+                if upload["Key"].startswith(prefix) and upload["Initiated"] <= cutoff:
+                    key, upload_id = upload["Key"], upload["UploadId"]
+                    client.abort_multipart_upload(Bucket=location.bucket, Key=key, UploadId=upload_id)
+                    aborted.append(key)
+    except client_errors() as exc:
+        raise failure(client, "aborting stale multipart uploads under", location.bucket, prefix, exc) from exc
+    return aborted
 
 
 def upload_file(client, path: str | os.PathLike, bucket: str, key: str, sha256: str = "", transfer=None) -> str:

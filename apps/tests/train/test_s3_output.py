@@ -19,6 +19,7 @@ import torch
 from dinops import s3
 from dinops.train import checkpoints
 from dinops.train.main import main as train_main
+from dinops.train.s3_output import EXIT_S3_UNREACHABLE
 
 from .conftest import tiny_train_args
 
@@ -133,8 +134,9 @@ def test_an_interrupted_upload_leaves_the_previous_checkpoint_published(
     train_synth, s3_bucket, tmp_path, monkeypatch, caplog
 ):
     """The network fails in the middle of the multipart upload of the second latest checkpoint (its third part) and
-    stays down for latest checkpoints: the manifest keeps naming the first one, complete and sha-valid; training
-    exits 1 with the cause; a resume with the network back uploads what the bucket lacks."""
+    stays down for latest checkpoints, longer than the retry window (here 1.8 s): the manifest keeps naming the first
+    one, complete and sha-valid; training exits 75 (S3 unreachable) with the cause; a resume with the network back
+    uploads what the bucket lacks."""
     from botocore.exceptions import ConnectionClosedError
 
     monkeypatch.setattr("dinops.train.s3_output.MULTIPART_BYTES", 8 << 20)  # the 47 MB checkpoints in 6 parts
@@ -157,7 +159,7 @@ def test_an_interrupted_upload_leaves_the_previous_checkpoint_published(
     caplog.set_level(logging.INFO)
     out = tmp_path / "out"
     args = _args(train_synth, out, s3_bucket, "cut", "--epochs", "1", "--checkpoint-steps", "3")
-    assert train_main(args) == 1
+    assert train_main([*args, "--s3-retry-minutes", "0.03"]) == EXIT_S3_UNREACHABLE
     assert re.search(
         r"S3 upload failed: uploading to s3://\S+/cut/latest/checkpoint-g0000000[68].pth failed: ConnectionClosedError",
         caplog.text,

@@ -6,12 +6,43 @@ No torch here: the CLI checks the object before gunicorn forks its workers.
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from dinops import s3
+
+log = logging.getLogger(__name__)
+# what fetch() and s3.download_verified() name a worker's files: checkpoint-<pid>-<digest>.pth and, while it downloads,
+# .checkpoint-<pid>-<digest>.pth.<pid>.part
+_DOWNLOAD = re.compile(r"^\.?checkpoint-(\d+)-\w+\.pth(\.\d+\.part)?$")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only the existence check (kill(2))
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def remove_dead_downloads(cache_dir: Path) -> list[Path]:
+    """Delete the downloads of workers that are gone (killed by the OOM killer or gunicorn's timeout, they never
+    removed theirs): each is a whole checkpoint, and a few fill an emptyDir or a tmpfs. Returns what was deleted."""
+    removed = []
+    for path in cache_dir.glob("*checkpoint-*") if cache_dir.is_dir() else ():
+        match = _DOWNLOAD.match(path.name)
+        if match and int(match.group(1)) != os.getpid() and not _alive(int(match.group(1))):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    if removed:
+        log.info("removed %d checkpoint download(s) of workers that are gone from %s", len(removed), cache_dir)
+    return removed
 
 
 @dataclass(frozen=True)
@@ -38,6 +69,7 @@ class S3Checkpoint:
         self.client = s3.make_client(endpoint)
         self.cache_dir = Path(cache_dir or tempfile.gettempdir()) / "dinops-s3"
         self._current: Path | None = None
+        remove_dead_downloads(self.cache_dir)  # at each worker's start
 
     def identity(self) -> ObjectIdentity | None:
         """None while there is no such object (or no manifest yet); :class:`s3.S3Error` when S3 cannot say."""

@@ -21,8 +21,9 @@ would end there instead of being retried; its retry continues where it stopped.
 
 S3 (``--output-s3 s3://bucket/prefix``): checkpoints, ``log.txt`` and ``config.json`` are also uploaded as they are
 written, the latest pointer (``latest.json``) last; ``--resume auto`` on a new VM fetches the latest checkpoint from
-there. Access is checked before training starts; a failed upload stops training with exit status 1 (see
-:mod:`dinops.train.s3_output`).
+there. Access (listing and writing) is checked before training starts (exit 2); uploads that fail are retried while
+training goes on, for at most ``--s3-retry-minutes``; S3 unreachable for longer stops training with exit status 75
+(EX_TEMPFAIL), any other upload error with 1 (see :mod:`dinops.train.s3_output`).
 
 Evaluation only: ``--eval true --resume PATH`` (or ``dinops eval``). Reports: console lines with ETA
 (``console.log``), ``log.txt`` (one JSON line per epoch, official DINO field names), TensorBoard events,
@@ -60,7 +61,7 @@ from dinops.train.coco_eval import STAT_NAMES, evaluate
 from dinops.train.engine import Hooks, StepState, predict, train_one_epoch
 from dinops.train.logs import TensorBoard, append_log_txt, metric_line, setup_logging, teardown_logging
 from dinops.train.model_setup import lr_factor, model_config, param_groups
-from dinops.train.s3_output import S3Output
+from dinops.train.s3_output import EXIT_S3_UNREACHABLE, S3Output, S3Unreachable
 from dinops.train.settings import ENV_PREFIX, SETTINGS
 
 log = logging.getLogger("dinops.train")
@@ -411,7 +412,7 @@ def train(args: argparse.Namespace) -> int:
         profiler.stop()
     tensorboard.close()
     log.info("training time %.1f s", time.time() - began)
-    mirror.finish()  # every upload done, or S3Error: exit 1, never 0 with data missing in S3
+    mirror.finish()  # every upload done (retried within --s3-retry-minutes), else exit 75 or 1, never 0
     dist.shutdown()
     return status
 
@@ -429,6 +430,9 @@ def main(argv: list[str] | None = None) -> int:
     except (SettingsError, AnnotationError, FileNotFoundError) as exc:
         log.error("dinops train: %s", exc)
         return 2
+    except S3Unreachable as exc:
+        log.error("dinops train: %s", exc)
+        return EXIT_S3_UNREACHABLE
     except (FloatingPointError, S3Error) as exc:
         log.error("dinops train: %s", exc)
         return 1

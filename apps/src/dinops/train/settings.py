@@ -8,6 +8,7 @@ ignored). The resolved values are written to ``OUTPUT_DIR/config.json``. Default
 
 from __future__ import annotations
 
+from dinops.s3 import CHECKSUMS
 from dinops.settings import Setting, non_negative_float, non_negative_int
 
 ENV_PREFIX = "DINO_"
@@ -84,6 +85,20 @@ SETTINGS: tuple[Setting, ...] = (
         "latest from it when OUTPUT_DIR has none (empty = off)",
     ),
     _s("s3_endpoint", "", "S3 endpoint URL (MinIO...); empty = AWS, or boto3's AWS_ENDPOINT_URL"),
+    _s(
+        "s3_checksums",
+        "auto",
+        "botocore's request checksums and response validation: auto = when_required with a custom endpoint (stores "
+        "that refuse x-amz-checksum-* headers), botocore's when_supported for AWS",
+        choices=CHECKSUMS,
+    ),
+    _s(
+        "s3_retry_minutes",
+        30.0,
+        "retry failed uploads (exponential backoff, training goes on) for this long since the first failure, then "
+        "exit 75",
+        non_negative_float,
+    ),
     _s("eval_every", 1, "evaluate on the validation split every K epochs (0 = never during training)", int),
     _s("eval", False, "only evaluate the model (from --resume or --pretrained) and exit", bool),
     _s("num_select", 0, "detections kept per image for evaluation (0 = the model's num_select)", int),
