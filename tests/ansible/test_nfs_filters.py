@@ -244,3 +244,33 @@ def test_every_default_is_documented_with_the_same_value(role):
         if "choices" in option:
             chosen = defaults[name] if isinstance(defaults[name], list) else [defaults[name]]
             assert set(chosen) <= set(option["choices"]), name
+
+
+# --- rpcbind and rpc-statd on NFSv4-only hosts (issue 26, item 4) ---------------------------------------------------
+RPC_UNITS = ["rpcbind.socket", "rpcbind.service", "rpc-statd.service"]
+
+
+@pytest.mark.parametrize("versions", [["4.1", "4.2"], ["4"], ["4.0", "4.2"], [4.2]])
+def test_nfsv4_only_masks_rpcbind_and_statd(versions):
+    assert server.dinops_nfs_rpc_units(versions) == RPC_UNITS
+
+
+@pytest.mark.parametrize("versions", [["3", "4.2"], ["3"], [3], []])
+def test_nfsv3_or_nothing_known_keeps_them(versions):
+    assert server.dinops_nfs_rpc_units(versions) == []
+
+
+def test_the_server_default_is_v4_only():
+    assert server.dinops_nfs_rpc_units(SERVER_DEFAULTS["nfs_server_versions"]) == RPC_UNITS
+
+
+def test_client_versions_are_the_role_version_and_each_mounts_nfsvers():
+    mounts = [
+        {"options": ["rw", "nfsvers=4.1", "hard"]},
+        {"options": ["vers=3", "hard"]},
+        {"options": ["hard"]},
+    ]
+    assert client.dinops_nfs_client_versions(mounts, "4.2") == ["4.2", "4.1", "3"]
+    assert server.dinops_nfs_rpc_units(client.dinops_nfs_client_versions(mounts, "4.2")) == []
+    assert server.dinops_nfs_rpc_units(client.dinops_nfs_client_versions(mounts[:1], "4.2")) == RPC_UNITS
+    assert client.dinops_nfs_client_versions([], CLIENT_DEFAULTS["nfs_client_nfs_version"]) == ["4.2"]

@@ -55,6 +55,16 @@ CASES = {
         {"cloud_machines_list": [T4], "cloud_aws_ssh_cidr": ""},
         "cloud_aws_ssh_cidr must be the IPv4 CIDR allowed to reach SSH",
     ),
+    # SSH from (nearly) everywhere only when asked for in so many words.
+    "ssh-open-to-the-world-refused": (
+        {"cloud_machines_list": [T4], "cloud_aws_ssh_cidr": "0.0.0.0/0"},
+        "cloud_aws_ssh_cidr 0.0.0.0/0 opens SSH to 4294967296 addresses (a prefix shorter than /8)",
+    ),
+    "ssh-open-to-a-seventh-of-the-internet-refused": (
+        {"cloud_machines_list": [T4], "cloud_aws_ssh_cidr": "64.0.0.0/7"},
+        "cloud_aws_ssh_cidr 64.0.0.0/7 opens SSH to 33554432 addresses (a prefix shorter than /8): give the "
+        "address you connect from (e.g. 203.0.113.7/32), or set cloud_aws_ssh_open_world: true",
+    ),
     "missing-credentials": (
         {"cloud_machines_list": [T4]},
         "Set AWS_PROFILE (after aws configure or aws sso login) or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",

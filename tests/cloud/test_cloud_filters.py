@@ -306,3 +306,23 @@ def test_every_default_is_documented_in_the_argument_specs_with_the_same_value(r
     for name, option in options.items():
         if "default" in option:
             assert option["default"] == defaults[name], name
+
+
+# --- SSH source --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("cidr", ["203.0.113.7/32", "10.0.0.0/8", "198.51.100.0/24"])
+def test_ssh_cidr_of_a_prefix_of_8_or_longer_is_accepted(cidr):
+    assert aws_plugin.cloud_aws_ssh_cidr_problem(cidr, False) == ""
+
+
+@pytest.mark.parametrize(("cidr", "addresses"), [("0.0.0.0/0", 2**32), ("64.0.0.0/7", 2**25), ("128.0.0.0/1", 2**31)])
+def test_ssh_cidr_wider_than_8_is_refused_unless_open_world(cidr, addresses):
+    problem = aws_plugin.cloud_aws_ssh_cidr_problem(cidr, False)
+    assert f"cloud_aws_ssh_cidr {cidr} opens SSH to {addresses} addresses (a prefix shorter than /8)" in problem
+    assert "cloud_aws_ssh_open_world: true" in problem
+    assert aws_plugin.cloud_aws_ssh_cidr_problem(cidr, True) == ""
+
+
+@pytest.mark.parametrize("cidr", ["", "203.0.113.7", "203.0.113.300/32", "2001:db8::/64", "any", None])
+def test_ssh_cidr_that_is_no_ipv4_cidr_is_refused_even_open_world(cidr):
+    problem = aws_plugin.cloud_aws_ssh_cidr_problem(cidr, True)
+    assert problem.startswith("cloud_aws_ssh_cidr must be the IPv4 CIDR allowed to reach SSH, e.g. 203.0.113.7/32")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
 
+# SSH from a network wider than a /8 (16.7 million addresses) is refused unless cloud_aws_ssh_open_world says so.
+SSH_WIDEST_PREFIX = 8
 # Nitro instances (every GPU type in the default table) expose an EBS volume as an NVMe device whose serial is
 # the volume id without its dash; udev names it after that serial.
 NVME_EBS_BY_ID = "/dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_"
@@ -139,6 +142,28 @@ def cloud_aws_data_device(volume_id: str) -> str:
     return NVME_EBS_BY_ID + volume_id.replace("-", "", 1)
 
 
+def cloud_aws_ssh_cidr_problem(cidr: Any, open_world: Any) -> str:
+    """Why ``cloud_aws_ssh_cidr`` is refused, or "" when it is fine: not an IPv4 CIDR, or wider than a /8 without
+    ``cloud_aws_ssh_open_world``."""
+    text = str(cidr or "").strip()
+    try:
+        network = ipaddress.IPv4Network(text, strict=False) if "/" in text else None
+    except ValueError:
+        network = None
+    if network is None:
+        return (
+            f"cloud_aws_ssh_cidr must be the IPv4 CIDR allowed to reach SSH, e.g. 203.0.113.7/32 (got '{text}'). "
+            "Nothing was created."
+        )
+    if network.prefixlen < SSH_WIDEST_PREFIX and not open_world:
+        return (
+            f"cloud_aws_ssh_cidr {network} opens SSH to {network.num_addresses} addresses (a prefix shorter than "
+            f"/{SSH_WIDEST_PREFIX}): give the address you connect from (e.g. 203.0.113.7/32), or set "
+            "cloud_aws_ssh_open_world: true if SSH must be reachable from anywhere. Nothing was created."
+        )
+    return ""
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
@@ -151,4 +176,5 @@ class FilterModule:
             "cloud_aws_data_device": cloud_aws_data_device,
             "cloud_aws_launched": cloud_aws_launched,
             "cloud_aws_with_volumes": cloud_aws_with_volumes,
+            "cloud_aws_ssh_cidr_problem": cloud_aws_ssh_cidr_problem,
         }

@@ -8,12 +8,23 @@ Sources:
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
 import posixpath
 import re
+from pathlib import Path
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
+
+# The decision which RPC units an NFSv4-only host masks is nfs_server's, loaded from its file (role filter plugins
+# are not importable as a package).
+_SERVER_SPEC = importlib.util.spec_from_file_location(
+    "dinops_nfs_server_for_client",
+    Path(__file__).resolve().parents[2] / "nfs_server" / "filter_plugins" / "nfs_server.py",
+)
+_server = importlib.util.module_from_spec(_SERVER_SPEC)
+_SERVER_SPEC.loader.exec_module(_server)
 
 NFS_VERSIONS = ("4", "4.0", "4.1", "4.2")
 NCONNECT_MAX = 16
@@ -129,8 +140,24 @@ def dinops_nfs_client_mounts(mounts: Any, version: Any, options: Any, nconnect: 
     return plan
 
 
+def dinops_nfs_client_versions(mounts: Any, version: Any) -> list[str]:
+    """Every NFS version this host mounts: the role's nfsvers and each assembled mount's own nfsvers= or vers=
+    (nfs(5)), in order, once each; nfs_server's dinops_nfs_rpc_units decides from them."""
+    found = [str(version)]
+    for mount in mounts or []:
+        for option in mount.get("options") or []:
+            key, _, value = str(option).partition("=")
+            if key in ("nfsvers", "vers") and value and value not in found:
+                found.append(value)
+    return found
+
+
 class FilterModule:
     """nfs_client filters."""
 
     def filters(self):
-        return {"dinops_nfs_client_mounts": dinops_nfs_client_mounts}
+        return {
+            "dinops_nfs_client_mounts": dinops_nfs_client_mounts,
+            "dinops_nfs_client_versions": dinops_nfs_client_versions,
+            "dinops_nfs_client_rpc_units": _server.dinops_nfs_rpc_units,
+        }

@@ -256,6 +256,21 @@ def dinops_nfs_disk_plan(blkid_rc: Any, blkid_stdout: str, device: str, fstype: 
     return {"action": "keep", "uuid": fields["UUID"]}
 
 
+# The RPC services only NFSv2/v3 use: the portmapper and the NSM lock-recovery daemon. An NFSv4-only host masks them
+# (Red Hat, "Configuring an NFSv4-only server": systemctl mask --now rpc-statd.service rpcbind.service
+# rpcbind.socket, https://docs.redhat.com/en/documentation/red_hat_enterprise_linux/9/html/configuring_and_using_network_file_services/deploying-an-nfs-server_configuring-and-using-network-file-services);
+# nfs-utils' nfs-server.service only Wants=rpcbind.socket, so the server still starts.
+RPC_UNITS = ["rpcbind.socket", "rpcbind.service", "rpc-statd.service"]
+
+
+def dinops_nfs_rpc_units(versions: Any) -> list[str]:
+    """The units to mask and stop when every NFS version the host serves or mounts is 4.x; [] otherwise."""
+    found = [str(v).strip() for v in versions or []]
+    if found and all(v == "4" or v.startswith("4.") for v in found):
+        return list(RPC_UNITS)
+    return []
+
+
 class FilterModule:
     """nfs_server filters."""
 
@@ -264,4 +279,5 @@ class FilterModule:
             "dinops_nfs_export_lines": dinops_nfs_export_lines,
             "dinops_nfs_ufw_sources": dinops_nfs_ufw_sources,
             "dinops_nfs_disk_plan": dinops_nfs_disk_plan,
+            "dinops_nfs_rpc_units": dinops_nfs_rpc_units,
         }

@@ -1,0 +1,52 @@
+"""EBS volumes at rest: the root and data volumes cloud_up creates are encrypted, with the account's default key or
+the one cloud_aws_kms_key_id names (amazon.aws 10.1.2: ec2_vol's encrypted and kms_key_id, ec2_instance's
+volumes[].ebs.encrypted and kms_key_id, passed to RunInstances' BlockDeviceMapping as Encrypted and KmsKeyId)."""
+
+from __future__ import annotations
+
+import pytest
+from cloud.cloud_helpers import aws_env, base_vars, deployment_instances, run_playbook
+
+KEY = "arn:aws:kms:us-east-1:123456789012:key/0b5e6c6e-0000-4000-8000-000000000001"
+
+
+def volumes_of(moto, deployment: str) -> dict[str, dict]:
+    """The root and data volume of each instance of the deployment, by "<machine>-root" / "<machine>-data"."""
+    ec2 = moto.client()
+    found = {}
+    for instance in deployment_instances(moto, deployment):
+        machine = {t["Key"]: t["Value"] for t in instance["Tags"]}["Machine"]
+        for mapping in instance["BlockDeviceMappings"]:
+            (volume,) = ec2.describe_volumes(VolumeIds=[mapping["Ebs"]["VolumeId"]])["Volumes"]
+            kind = "root" if mapping["DeviceName"] == "/dev/sda1" else "data"
+            found[f"{machine}-{kind}"] = volume
+    return found
+
+
+@pytest.mark.parametrize("key", [None, KEY])
+def test_root_and_data_volumes_are_encrypted(moto, public_key, tmp_path, key):
+    deployment = "encrypted-kms" if key else "encrypted"
+    variables = {
+        **base_vars(moto, public_key, deployment),
+        "cloud_machines_list": [{"name": "infer", "profile": "t4", "data_volume_gb": 20}],
+    }
+    if key:
+        variables["cloud_aws_kms_key_id"] = key
+    try:
+        result = run_playbook("cloud_up.yml", variables, aws_env(moto), tmp_path)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        volumes = volumes_of(moto, deployment)
+        assert sorted(volumes) == ["infer-data", "infer-root"]
+        for name, volume in volumes.items():
+            assert volume["Encrypted"] is True, name
+            if key:
+                assert volume["KmsKeyId"] == key, name
+    finally:
+        down = run_playbook(
+            "cloud_down.yml",
+            {**variables, "cloud_aws_down_confirmed": True, "cloud_aws_down_delete_data": True},
+            aws_env(moto),
+            tmp_path,
+        )
+        assert down.returncode == 0, down.stdout[-3000:] + down.stderr[-3000:]
+        assert deployment_instances(moto, deployment) == []
