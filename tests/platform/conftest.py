@@ -242,7 +242,14 @@ def upstream_manifests() -> dict[str, dict[str, list[dict]]]:
                 deployment(
                     "jobset-controller-manager",
                     "kubeflow-system",
-                    [{"name": "manager", "image": "registry.k8s.io/jobset/jobset:v0.12.0"}],
+                    [
+                        {
+                            "name": "manager",
+                            "image": "registry.k8s.io/jobset/jobset:v0.12.0",
+                            # kubernetes-sigs/jobset@v0.12.0:config/components/manager/manager.yaml
+                            "resources": {"requests": {"cpu": "500m", "memory": "128Mi"}, "limits": {"memory": "4Gi"}},
+                        }
+                    ],
                 ),
                 deployment(
                     "kubeflow-trainer-controller-manager",
@@ -318,7 +325,15 @@ def upstream_manifests() -> dict[str, dict[str, list[dict]]]:
                     "kserve-controller-manager",
                     "kserve",
                     [
-                        {"name": "manager", "image": "kserve/kserve-controller:v0.20.0"},
+                        {
+                            "name": "manager",
+                            "image": "kserve/kserve-controller:v0.20.0",
+                            # kserve/kserve@v0.20.0:config/manager/manager.yaml
+                            "resources": {
+                                "requests": {"cpu": "100m", "memory": "200Mi"},
+                                "limits": {"cpu": "100m", "memory": "300Mi"},
+                            },
+                        },
                         {"name": "kube-rbac-proxy", "image": "quay.io/brancz/kube-rbac-proxy:v0.18.0"},
                     ],
                 ),

@@ -127,6 +127,93 @@ def test_the_training_operator_names_its_init_image_and_mounts_a_restricted_temp
     assert "nslookup dinops-train-master-0" in init["command"][2]
 
 
+def _template_annotations(rendered: dict, name: str) -> dict:
+    return find(rendered, "Deployment", name)["spec"]["template"]["metadata"].get("annotations") or {}
+
+
+def test_katib_restarts_when_a_trial_kind_operator_is_added(render_plugin, releases, bundle_dir):
+    """A trial kind whose CRD appears after katib-controller started is never watched (trial_controller.go at
+    v0.19.0): its pod template names the trial-kind operators installed with it, so adding one rolls it."""
+    katib_only = render_plugin.render(str(bundle_dir), settings(releases, components=["trainer", "katib"]))
+    both = render_plugin.render(
+        str(bundle_dir), settings(releases, components=["trainer", "training_operator", "katib"])
+    )
+    assert _template_annotations(katib_only, "katib-controller")["dinops.io/trial-kind-operators"] == "trainer"
+    assert (
+        _template_annotations(both, "katib-controller")["dinops.io/trial-kind-operators"] == "trainer,training_operator"
+    )
+
+
+@pytest.mark.parametrize(
+    ("deployment", "change"),
+    [
+        ("katib-controller", {"katib_inject_security_context": False}),
+        ("training-operator", {"mirror": MIRROR}),
+    ],
+)
+def test_a_controller_restarts_when_the_configuration_it_reads_once_changes(
+    render_plugin, releases, bundle_dir, deployment, change
+):
+    """katib-controller reads katib-config's init section once at start (kubeflow/katib@v0.19.0:
+    cmd/katib-controller/v1beta1/main.go GetInitConfigData); the Training Operator its init-container template
+    once (kubeflow/trainer@v1.9.4:pkg/controller.v1/pytorch/initcontainer.go sync.Once). A hash of what they read
+    in the pod template rolls them when it changes."""
+    before = render_plugin.render(str(bundle_dir), settings(releases))
+    after = render_plugin.render(str(bundle_dir), settings(releases, **change))
+    again = render_plugin.render(str(bundle_dir), settings(releases))
+    key = "dinops.io/config-sha256"
+    assert _template_annotations(before, deployment)[key] != _template_annotations(after, deployment)[key]
+    assert _template_annotations(before, deployment)[key] == _template_annotations(again, deployment)[key]
+
+
+def test_the_operators_requests_are_within_the_pinned_node_budget(rendered):
+    assert rendered["budget"] == []
+
+
+def test_an_operator_requesting_more_than_the_budget_is_refused(render_plugin, releases, bundle_dir, helpers):
+    """The workloads stage reserves platform_releases.<component>.pods on the node: a release whose pods request
+    more (or a pod the table lacks that requests anything) would leave dinops pods Pending."""
+    manifests = helpers.upstream_manifests()
+
+    def workload(component: str, file: str, name: str) -> dict:
+        return next(d for d in manifests[component][file] if (d["kind"], d["metadata"]["name"]) == ("Deployment", name))
+
+    workload("trainer", "manager.yaml", "jobset-controller-manager")["spec"]["replicas"] = 2
+    mysql = workload("katib", "katib-standalone.yaml", "katib-mysql")
+    mysql["spec"]["template"]["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "250m"}}
+    helpers.write_bundle(bundle_dir, releases, manifests)
+    budget = render_plugin.render(str(bundle_dir), settings(releases))["budget"]
+    assert budget == [
+        "trainer: Deployment jobset-controller-manager requests 1000m CPU and 256Mi memory, "
+        "roles/platform/vars/main.yml pins 500m and 128Mi (platform_releases.trainer.pods)",
+        "katib: Deployment katib-mysql requests 250m CPU and 0Mi memory, roles/platform/vars/main.yml pins 0m and "
+        "0Mi (platform_releases.katib.pods)",
+    ]
+
+
+def test_katibs_own_namespace_is_not_under_its_pod_webhook(rendered):
+    """mutator.pod.katib.kubeflow.org (failurePolicy Fail by default) exempts only katib-controller's own requests
+    (kubeflow/katib@v0.19.0:manifests/v1beta1/components/webhook/webhooks.yaml matchConditions), not the ReplicaSet
+    controller re-creating katib-controller's pod: its namespace must not be selected."""
+    kubeflow = find(rendered, "Namespace", "kubeflow")
+    assert "katib.kubeflow.org/metrics-collector-injection" not in (kubeflow["metadata"].get("labels") or {})
+
+
+def test_the_trial_namespace_is_labelled_only_for_a_search(render_plugin):
+    """Every pod created in a labelled namespace goes through Katib's pod webhook: without a search the role's
+    field manager applies the Namespace without the label, which removes the one it set before."""
+    assert render_plugin.trial_namespace("dinops", True) == {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": "dinops", "labels": {"katib.kubeflow.org/metrics-collector-injection": "enabled"}},
+    }
+    assert render_plugin.trial_namespace("dinops", False) == {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": "dinops"},
+    }
+
+
 def test_kserve_runs_in_standard_mode_without_ingress_in_its_own_namespace(rendered):
     config = find(rendered, "ConfigMap", "inferenceservice-config")["data"]
     assert json.loads(config["deploy"]) == {"defaultDeploymentMode": "Standard"}

@@ -55,10 +55,10 @@ def test_the_role_writes_one_file_of_crds_and_one_of_operators_per_component(ren
         "01-cert_manager-objects.yaml",
         "02-trainer-crds-namespaces.yaml",
         "02-trainer-objects.yaml",
-        "03-katib-crds-namespaces.yaml",
-        "03-katib-objects.yaml",
-        "04-training_operator-crds-namespaces.yaml",
-        "04-training_operator-objects.yaml",
+        "03-training_operator-crds-namespaces.yaml",
+        "03-training_operator-objects.yaml",
+        "04-katib-crds-namespaces.yaml",
+        "04-katib-objects.yaml",
         "05-kserve-crds-namespaces.yaml",
         "05-kserve-objects.yaml",
         "images-mirror.txt",
@@ -69,7 +69,7 @@ def test_the_role_writes_one_file_of_crds_and_one_of_operators_per_component(ren
 
 def test_the_rendered_manifests_are_mirrored_and_storage_patched(rendered_by_the_role, helpers):
     rendered, _, _ = rendered_by_the_role
-    katib = helpers.load_stream(rendered / "03-katib-objects.yaml")
+    katib = helpers.load_stream(rendered / "04-katib-objects.yaml")
     claim = next(d for d in katib if d["kind"] == "PersistentVolumeClaim")
     assert claim["spec"]["storageClassName"] == "local-path"
     mysql = next(d for d in katib if d["kind"] == "Deployment" and d["metadata"]["name"] == "katib-mysql")

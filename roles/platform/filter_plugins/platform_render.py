@@ -18,6 +18,21 @@ What rendering changes in the upstream manifests, each a setting of the role:
   default alpine:3.10 is compiled in, kubeflow/trainer@v1.9.4:pkg/config/config.go, so a mirror would not see it),
   and the init container template (read from /etc/config/initContainer.yaml, pkg/controller.v1/pytorch/
   initcontainer.go) is the compiled-in one plus a restricted securityContext, from a ConfigMap.
+- Controllers that read their configuration once at start get a hash of it in their pod template
+  (``dinops.io/config-sha256``), so that a changed setting rolls them: katib-controller reads katib-config's
+  ``init`` section once (kubeflow/katib@v0.19.0:cmd/katib-controller/v1beta1/main.go GetInitConfigData), the
+  Training Operator its init-container template and image once (kubeflow/trainer@v1.9.4:
+  pkg/controller.v1/pytorch/initcontainer.go, a sync.Once). KServe re-reads inferenceservice-config on every
+  reconcile (kserve/kserve@v0.20.0:pkg/controller/v1beta1/inferenceservice/controller.go) and is left alone.
+- Katib: its own Namespace without the metrics-collector injection label its release gives it
+  (katib_namespace_unlabelled), and the trials' Namespace labelled only while a search is asked for
+  (trial_namespace): Katib's pod webhook fails closed for every pod of a labelled namespace.
+- Budget: each component's Deployments and StatefulSets request no more than platform_releases.<component>.pods,
+  which the workloads stage reserves on the node (budget_problems).
+- Katib: katib-controller's pod template names the trial-kind operators installed with it
+  (``dinops.io/trial-kind-operators``): it watches a trial kind only when its CRD is served at its start
+  (kubeflow/katib@v0.19.0:pkg/controller.v1beta1/trial/trial_controller.go), so adding Trainer or the Training
+  Operator later rolls it, after their CRDs (platform_releases puts them before Katib).
 - KServe: inferenceservice-config ``deploy.defaultDeploymentMode`` (platform_kserve_deployment_mode, Standard)
   and ``ingress.disableIngressCreation`` (platform_kserve_disable_ingress_creation): facts 3.1.
 - Every namespace an object names and no object creates gets a Namespace (kserve.yaml has none).
@@ -28,6 +43,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import hashlib
 import importlib.util
 import json
 from pathlib import Path
@@ -76,12 +92,28 @@ INIT_CONTAINER_TEMPLATE = f"""\
   command: ['sh', '-c', '{INIT_CONTAINER_COMMAND}']
 """
 KATIB_CONFIG = ("katib-config", "katib-config.yaml")
+KATIB_CONTROLLER = "katib-controller"
+KATIB_INJECTION_LABEL = "katib.kubeflow.org/metrics-collector-injection"
+# The components whose kinds Katib runs as trials (TrainJob, PyTorchJob; Job is built in).
+TRIAL_KIND_OPERATORS = ("trainer", "training_operator")
+TRIAL_KIND_ANNOTATION = "dinops.io/trial-kind-operators"
+CONFIG_HASH_ANNOTATION = "dinops.io/config-sha256"
 KSERVE_CONFIG = "inferenceservice-config"
 KSERVE_MODES = ("Standard", "RawDeployment", "Knative", "Serverless")
 
 
 class RenderError(ValueError):
     """A manifest or a setting the role cannot render; the message names it."""
+
+
+@functools.cache
+def _workloads() -> Any:
+    """The workloads role's filters: their quantity parsing, the one the node budget uses."""
+    path = Path(__file__).resolve().parents[2] / "workloads" / "filter_plugins" / "workloads.py"
+    spec = importlib.util.spec_from_file_location("dinops_workloads_for_platform_render", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @functools.cache
@@ -212,6 +244,114 @@ def kserve_config(objects: list[dict[str, Any]], deployment_mode: str, disable_i
     return objects
 
 
+def _annotate_template(objects: list[dict[str, Any]], name: str, component: str, annotations: dict[str, str]):
+    """The Deployment ``name`` with ``annotations`` on its pod template: a changed value rolls its pods."""
+    objects = list(objects)
+    index = _find(objects, "Deployment", name, component)
+    deployment = copy.deepcopy(objects[index])
+    metadata = deployment["spec"]["template"].setdefault("metadata", {})
+    metadata["annotations"] = {**(metadata.get("annotations") or {}), **annotations}
+    objects[index] = deployment
+    return objects
+
+
+def _config_hash(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def restart_on_change(name: str, objects: list[dict[str, Any]], components: list[str]) -> list[dict[str, Any]]:
+    """The pod templates of the controllers that read their configuration once, stamped with what they read (after
+    the mirror, which rewrites the images in it), and katib-controller's with the trial-kind operators beside it."""
+    if name == "katib":
+        config = objects[_find(objects, "ConfigMap", KATIB_CONFIG[0], name)].get("data") or {}
+        operators = ",".join(c for c in TRIAL_KIND_OPERATORS if c in components)
+        return _annotate_template(
+            objects,
+            KATIB_CONTROLLER,
+            name,
+            {CONFIG_HASH_ANNOTATION: _config_hash(config), TRIAL_KIND_ANNOTATION: operators},
+        )
+    if name == "training_operator":
+        config = objects[_find(objects, "ConfigMap", INIT_CONTAINER_CONFIG_MAP, name)].get("data") or {}
+        deployment = objects[_find(objects, "Deployment", TRAINING_OPERATOR["deployment"], name)]
+        container = next(
+            c
+            for c in deployment["spec"]["template"]["spec"]["containers"]
+            if c["name"] == TRAINING_OPERATOR["container"]
+        )
+        return _annotate_template(
+            objects,
+            TRAINING_OPERATOR["deployment"],
+            name,
+            {CONFIG_HASH_ANNOTATION: _config_hash(config, container.get("args") or [])},
+        )
+    return objects
+
+
+def pod_requests(obj: dict[str, Any]) -> dict[str, int]:
+    """What a Deployment's or StatefulSet's pods request in all, as the scheduler counts each pod (the larger of the
+    containers' sum and the biggest init container), times its replicas."""
+    quantities = _workloads()
+    pod = obj["spec"]["template"]["spec"]
+
+    def of(container: dict[str, Any]) -> tuple[int, int]:
+        requests = (container.get("resources") or {}).get("requests") or {}
+        return quantities.cpu_m(requests.get("cpu", "0")), quantities.quantity_mi(requests.get("memory", "0"))
+
+    main = [of(c) for c in pod.get("containers") or []]
+    init = [of(c) for c in pod.get("initContainers") or []]
+    replicas = int(obj["spec"].get("replicas", 1))
+    return {
+        key: replicas * max([sum(c[index] for c in main)] + [c[index] for c in init])
+        for index, key in enumerate(("cpu_m", "memory_mi"))
+    }
+
+
+def budget_problems(name: str, objects: list[dict[str, Any]], release: dict[str, Any]) -> list[str]:
+    """The workloads of a rendered component whose pods request more than platform_releases.<name>.pods pins: the
+    node budget (roles/workloads/filter_plugins/workloads.py platform_reserve) would undercount them and leave
+    dinops pods Pending. DaemonSets are left out (KServe's runs only on nodes labelled for local models)."""
+    pinned = release.get("pods") or {}
+    problems = []
+    for obj in objects:
+        if obj.get("kind") not in ("Deployment", "StatefulSet"):
+            continue
+        requested = pod_requests(obj)
+        budget = pinned.get(_name(obj)) or {"cpu_m": 0, "memory_mi": 0}
+        if any(requested[key] > int(budget[key]) for key in requested):
+            problems.append(
+                f"{name}: {obj['kind']} {_name(obj)} requests {requested['cpu_m']}m CPU and "
+                f"{requested['memory_mi']}Mi memory, roles/platform/vars/main.yml pins {budget['cpu_m']}m and "
+                f"{budget['memory_mi']}Mi (platform_releases.{name}.pods)"
+            )
+    return problems
+
+
+def trial_namespace(name: str, search: bool) -> dict[str, Any]:
+    """The trials' Namespace as Katib's field manager applies it: labelled for the collector's injection only while a
+    search is asked for; without the label, server-side apply removes the one this manager set in an earlier run."""
+    namespace: dict[str, Any] = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+    if search:
+        namespace["metadata"]["labels"] = {KATIB_INJECTION_LABEL: "enabled"}
+    return namespace
+
+
+def katib_namespace_unlabelled(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Katib's own Namespace without the injection label its release gives it (kubeflow/katib@v0.19.0:
+    manifests/v1beta1/components/namespace/namespace.yaml). The pod webhook's matchCondition exempts only requests of
+    katib-controller's service account, not the ReplicaSet controller that creates katib-controller's own pods: with
+    the label, a katib-controller pod re-created while none serves (drain, eviction, a rollout after a missed start)
+    needs the webhook it would serve. No trial runs in Katib's namespace."""
+    result = []
+    for obj in objects:
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        if obj.get("kind") == "Namespace" and KATIB_INJECTION_LABEL in labels:
+            obj = copy.deepcopy(obj)
+            del obj["metadata"]["labels"][KATIB_INJECTION_LABEL]
+        result.append(obj)
+    return result
+
+
 def ensure_namespaces(objects: list[dict[str, Any]], created: set[str]) -> list[dict[str, Any]]:
     """A Namespace first for every namespace the objects use that neither they nor ``created`` create, except the
     cluster's own (cert-manager keeps its leader election Role in kube-system)."""
@@ -240,6 +380,7 @@ def _patched(name: str, objects: list[dict[str, Any]], settings: dict[str, Any])
         return select_runtimes(objects, list(settings.get("trainer_runtimes") or []))
     if name == "katib":
         objects = set_storage_class(objects, str(settings.get("storage_class") or ""))
+        objects = katib_namespace_unlabelled(objects)
         return katib_config(objects, bool(settings.get("katib_inject_security_context", True)))
     if name == "training_operator":
         return training_operator(objects)
@@ -260,7 +401,8 @@ def render(bundle_dir: str, settings: dict[str, Any]) -> dict[str, Any]:
     Returns {steps: [{component, field_manager, crds_file, objects_file, crds, workloads: {namespace: ["Kind name"]}}],
     files: {name: text},
     images: [references as written], image_list: [references in full, for images.txt],
-    unlisted: ["<reference> (<component>)"], mirror: ["source destination"] (with a mirror),
+    unlisted: ["<reference> (<component>)"], budget: [what requests more than the pinned pods table],
+    mirror: ["source destination"] (with a mirror),
     lists: {"images.txt": text, "images-mirror.txt": text (with a mirror)},
     inventory: [{component, apiVersion, kind, namespace?, name}]}.
     """
@@ -269,17 +411,19 @@ def render(bundle_dir: str, settings: dict[str, Any]) -> dict[str, Any]:
     mirror = str(settings.get("mirror") or "").strip()
     if mirror:
         images.check_mirror(mirror)
-    steps, files, inventory, found, unlisted = [], {}, [], set(), []
+    steps, files, inventory, found, unlisted, budget = [], {}, [], set(), [], []
     created: set[str] = set()
     for name in settings["components"]:
         release = releases[name]
         objects = _patched(name, load_component(bundle_dir, name, release), settings)
+        budget.extend(budget_problems(name, objects, release))
         objects = ensure_namespaces(objects, created)
         component_images = images.images(objects)
         found.update(component_images)
         listed = list(release.get("images") or []) + list(release.get("images_on_demand") or [])
         unlisted.extend(f"{reference} ({name})" for reference in images.unlisted_images(objects, listed))
         objects = images.mirror_objects(objects, mirror)
+        objects = restart_on_change(name, objects, list(settings["components"]))
         foundation = [obj for obj in objects if obj["kind"] in FOUNDATION_KINDS]
         rest = [obj for obj in objects if obj["kind"] not in FOUNDATION_KINDS]
         created.update(_name(obj) for obj in foundation if obj["kind"] == "Namespace")
@@ -307,6 +451,7 @@ def render(bundle_dir: str, settings: dict[str, Any]) -> dict[str, Any]:
         "files": files,
         "images": sorted(found),
         "unlisted": unlisted,
+        "budget": budget,
         "image_list": images.mirror_list(sorted(found)),
         "mirror": images.mirror_list(sorted(found), mirror) if mirror else [],
         "lists": _image_lists(
@@ -374,4 +519,5 @@ class FilterModule:
         return {
             "dinops_platform_render": render,
             "dinops_platform_teardown_plan": teardown_plan,
+            "dinops_platform_trial_namespace": trial_namespace,
         }
