@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
+
+from dinops_testing import REPO
 
 DESIRED = {
     "profile": "dinops",
@@ -225,3 +228,20 @@ def test_start_arguments_create_what_the_probe_checks(minikube_decision):
         "--kubernetes-version=v1.33.1",
         "--addons=nvidia-device-plugin",
     ]
+
+
+def test_a_profile_published_on_every_address_is_recreated_for_loopback(minikube_decision):
+    """The default moved from "30000:30000" (every address) to dinops_publish_address 127.0.0.1 (issue 26): a cluster
+    created before needs a recreate, which the role asks for instead of doing (its volumes hold the data)."""
+    loopback = ["127.0.0.1:30000:30000"]
+    refused = decide(minikube_decision, config(), status(), ports=loopback)
+    assert refused["action"] == "refuse"
+    assert refused["reasons"] == ["published ports: created with ['30000:30000'], wanted ['127.0.0.1:30000:30000']"]
+    assert decide(minikube_decision, config(ExposedPorts=loopback), status(), ports=loopback)["action"] == "none"
+    args = minikube_decision.minikube_start_args({**DESIRED, "ports": loopback})
+    assert "--ports=127.0.0.1:30000:30000" in args
+
+
+def test_the_role_publishes_the_client_on_the_publish_address():
+    defaults = yaml.safe_load((REPO / "roles/minikube/defaults/main.yml").read_text())
+    assert defaults["minikube_published_ports"] == ["{{ dinops_publish_address | default('127.0.0.1') }}:30000:30000"]

@@ -63,6 +63,7 @@ def probes(*, pci=1, nodes=(), claims=(), daemon=None, gpu_pod=None, api=None, c
         "dinops_cluster": cluster,
         "__validate_cluster_kubeconfig": "/etc/dinops/kubeconfig",
         "__validate_cluster_nodeport": 30000,
+        "__validate_client_base": "http://127.0.0.1",
         "__validate_cluster_gpu_replicas": 1,
         "__validate_pci_result": {"stdout": str(pci)},
         "__validate_cluster_kubeconfig_result": {"stat": {"exists": True}},

@@ -262,6 +262,31 @@ def test_the_client_port_comes_from_the_setting_then_the_fact_file():
     )
 
 
+@pytest.mark.parametrize(
+    ("publish", "base"),
+    [
+        ("127.0.0.1", "http://127.0.0.1"),
+        ("127.0.1.1", "http://127.0.0.1"),
+        ("0.0.0.0", "https://127.0.0.1"),
+        ("203.0.113.7", "https://203.0.113.7"),
+        ("2001:db8::7", "https://[2001:db8::7]"),
+    ],
+)  # fmt: skip
+def test_a_public_client_is_asked_over_https_where_it_is_published(tmp_path, publish, base):
+    """The role's own variables (vars/main.yml) from dinops_publish_address: a client published beyond loopback
+    serves TLS with a login (docs/security.md), and one published on a single address is not on loopback."""
+    out = tmp_path / "base.txt"
+    role = REPO / "roles" / "validate"
+    copy_base = {"ansible.builtin.copy": {"content": "{{ __validate_client_base }}", "dest": str(out)}}
+    play = [{"hosts": "localhost", "connection": "local", "gather_facts": False,
+             "vars": {"dinops_publish_address": publish},
+             "vars_files": [str(role / "defaults" / "main.yml"), str(role / "vars" / "main.yml")],
+             "tasks": [copy_base]}]  # fmt: skip
+    run_playbook(tmp_path, play, "localhost,", "")
+    assert out.read_text().strip() == base
+    assert results(inspect=HEALTHY, client_base=base)["client_port"][1].startswith(f"GET {base}:30000/healthz")
+
+
 def test_a_client_that_does_not_answer_or_answers_no_page_fails():
     refused = "Status code was -1 and not [200]: Request failed: <urlopen error [Errno 111] Connection refused>"
     down = {"results": [{"validate_client_path": p, "status": -1, "msg": refused} for p in ("/healthz", "/")]}

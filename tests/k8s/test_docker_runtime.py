@@ -42,8 +42,6 @@ def _pod_env(container: dict, objects: list[dict]) -> dict[str, str]:
     maps = {o["metadata"]["name"]: o.get("data") or {} for o in objects if o["kind"] == "ConfigMap"}
     env = {}
     for source in container.get("envFrom") or []:
-        if "secretRef" in source:  # an env file on the host, never in the plan (test_s3_layer.py)
-            continue
         env.update(maps[source["configMapRef"]["name"]])
     env.update({e["name"]: e["value"] for e in container.get("env") or []})
     return env
@@ -89,6 +87,12 @@ def test_each_workload_runs_the_same_in_docker(layers, variant):
                 data = next(o["data"] for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == name)
                 files = {f["path"]: f["content"] for f in plan["files"]}
                 assert {k: files[f"/var/lib/dinops/volumes/.config/{name}/{k}"] for k in data} == data, where
+            elif "secret" in volume:
+                secret = volume["secret"]["secretName"]
+                expected[mount["mountPath"]] = ("bind", f"/var/lib/dinops/volumes/.secrets/{secret}", True)
+                assert {"name": secret, "path": f"/var/lib/dinops/volumes/.secrets/{secret}", "owner": 10001} in (
+                    plan["secrets"]
+                ), where
             else:
                 expected[mount["mountPath"]] = ("tmpfs", None, False)
         mounts = {m["target"]: (m["type"], m.get("source"), bool(m.get("read_only"))) for m in got["mounts"]}
@@ -131,7 +135,8 @@ def test_the_demo_makes_synthetic_data_trains_the_tiny_model_and_publishes_the_c
     assert train["env"]["DINO_MODEL"] == "tiny" and train["env"]["DINO_DATA_ROOT"] == "/data/coco"
     # The demo's own batch and loader settings win over the profile's defaults.
     assert train["env"]["DINO_NUM_WORKERS"] == "0"
-    assert by_name["dinops-client"]["published_ports"] == ["0.0.0.0:30000:8080"]
+    # Loopback unless the inventory publishes the client (dinops_publish_address, docs/security.md).
+    assert by_name["dinops-client"]["published_ports"] == ["127.0.0.1:30000:8080"]
     assert by_name["dinops-client"]["env"]["DINO_API_URL"] == "http://dinops-serve:8000"
     assert "published_ports" not in by_name["dinops-serve"]
     assert all(c["networks"] == [{"name": "dinops", "aliases": []}] for c in plan["containers"])
@@ -207,8 +212,25 @@ def _job(**pod_changes):
             _job(
                 c_volumeMounts=[{"name": "h", "mountPath": "/h"}], volumes=[{"name": "h", "hostPath": {"path": "/h"}}]
             ),
-            "knows persistentVolumeClaim, emptyDir and configMap",
+            "knows persistentVolumeClaim, emptyDir, configMap and secret",
         ),
+        (_job(c_envFrom=[{"secretRef": {"name": "dinops-s3"}}]), "envFrom 'dinops-s3' is a Secret"),
+        (
+            _job(
+                c_volumeMounts=[{"name": "s", "mountPath": "/s"}],
+                volumes=[{"name": "s", "secret": {"secretName": "x"}}],
+            ),
+            "secret volume s needs runAsUser",
+        ),
+        (
+            _job(
+                securityContext={"runAsUser": 1},
+                c_volumeMounts=[{"name": "s", "mountPath": "/s"}],
+                volumes=[{"name": "s", "secret": {"secretName": "x", "items": [{"key": "a", "path": "b"}]}}],
+            ),
+            "secret volume s: items are not translated",
+        ),
+        (_job(c_readinessProbe={"httpGet": {"port": 1, "scheme": "TCP"}}), "probe scheme 'TCP'"),
         (_job(containers=[{"name": "a", "image": "i"}, {"name": "b", "image": "i"}]), "one container per workload"),
         (_job(c_resources={"limits": {"memory": "lots"}}), "not a memory quantity: 'lots'"),
         (_job(c_resources={"limits": {"cpu": "two"}}), "not a CPU quantity: 'two'"),
@@ -269,3 +291,73 @@ def test_where_a_job_container_stands(info, state):
     assert got["state"] == state, json.dumps(got)
     if state == "failed":
         assert "exit code 2 after 4 restart(s)" in got["message"] and "docker logs dinops-download" in got["message"]
+
+
+def _secret_reader(name: str, uid: int) -> dict:
+    job = _job(securityContext={"runAsUser": uid, "fsGroup": 10001},
+               c_volumeMounts=[{"name": "s", "mountPath": "/run/secrets/dinops-s3", "readOnly": True}],
+               volumes=[{"name": "s", "secret": {"secretName": "dinops-s3", "defaultMode": 0o440}}])  # fmt: skip
+    job["metadata"]["name"] = name
+    return job
+
+
+def test_a_secret_volume_is_a_directory_of_its_readers_user_mounted_read_only():
+    plan = DOCKER.docker_plan(
+        [_secret_reader("dinops-train", 10001), _secret_reader("dinops-download", 10001)], SETTINGS
+    )
+    assert plan["secrets"] == [
+        {"name": "dinops-s3", "path": "/var/lib/dinops/volumes/.secrets/dinops-s3", "owner": 10001}
+    ]
+    for container in plan["containers"]:
+        assert container["mounts"] == [
+            {"type": "bind", "source": "/var/lib/dinops/volumes/.secrets/dinops-s3", "target": "/run/secrets/dinops-s3",
+             "read_only": True}
+        ]  # fmt: skip
+        assert container["groups"] == ["10001"]
+
+
+def test_a_secret_read_by_two_users_is_refused():
+    with pytest.raises(
+        DOCKER.DockerRuntimeError,
+        match="Job dinops-train: Secret dinops-s3 is read by users 0 and 10001; its files can be readable by one user",
+    ):
+        DOCKER.docker_plan([_secret_reader("dinops-train", 10001), _secret_reader("dinops-download", 0)], SETTINGS)
+
+
+def test_an_https_probe_skips_verification_as_the_kubelet_does():
+    job = _job(c_ports=[{"name": "http", "containerPort": 8080}],
+               c_readinessProbe={"httpGet": {"path": "/readyz", "port": "http", "scheme": "HTTPS"}})  # fmt: skip
+    (container,) = DOCKER.docker_plan([job], SETTINGS)["containers"]
+    code = container["healthcheck"]["test"][-1]
+    assert "'https://127.0.0.1:8080/readyz'" in code and "context=ssl._create_unverified_context()" in code
+
+
+def test_the_derived_states_keep_nothing_of_the_inspect_output():
+    secret_env = {"Config": {"Env": ["AWS_SECRET_ACCESS_KEY=s3cr3t"]}}
+    running = _info("running", 0, running=True)
+    running["container"]["Config"]["Env"] = secret_env["Config"]["Env"]
+    states = DOCKER.docker_job_states([running], [JOB])
+    assert states == {"dinops-download": {"state": "running", "message": "dinops-download is running (0 restart(s))"}}
+    healthy = {"exists": True, "container": {**secret_env, "State": {"Status": "running", "Health": {
+        "Status": "healthy", "Log": [{"Output": "ok\n"}]}}}}  # fmt: skip
+    health = DOCKER.docker_health([healthy, {"exists": False, "container": None}], ["dinops-serve", "dinops-client"])
+    assert health == [
+        {"name": "dinops-serve", "healthy": True, "status": "running", "output": "ok"},
+        {"name": "dinops-client", "healthy": False, "status": "missing", "output": "none"},
+    ]
+    assert "s3cr3t" not in json.dumps([states, health])
+
+
+def test_a_public_client_reads_its_login_and_tls_from_files_and_probes_over_https(layers):
+    plan = DOCKER.docker_plan(layers["docker-cpu-public"], {**SETTINGS, "publish_address": "0.0.0.0"})
+    client = next(c for c in plan["containers"] if c["name"] == "dinops-client")
+    assert client["env"]["CLIENT_PUBLIC"] == "true"
+    assert client["env"]["CLIENT_TLS_CERT_FILE"] == "/run/secrets/dinops-client/tls.crt"
+    store = "/var/lib/dinops/volumes/.secrets/dinops-client-auth"
+    assert {"type": "bind", "source": store, "target": "/run/secrets/dinops-client", "read_only": True} in (
+        client["mounts"]
+    )
+    assert plan["secrets"] == [{"name": "dinops-client-auth", "path": store, "owner": 10001}]
+    assert client["groups"] == ["10001"]
+    assert "'https://127.0.0.1:8080/readyz'" in client["healthcheck"]["test"][-1]
+    assert client["published_ports"] == ["0.0.0.0:30000:8080"]

@@ -5,14 +5,35 @@ The node's share comes from the workloads filter's node_allocatable (the same co
 facts/cluster.yml (what minikube's kubeadm control plane or k3s' packaged pods request, the kubelet's eviction
 threshold) and the profile's host_vcpus, host_memory_gb and gpu_count. Everything the layer applies counts as running
 at once: the download Job runs beside training (whose init container waits for it) and inference.
+
+With the platform stage (dinops_platform), everything else on the node counts too: each enabled operator's pods and,
+during a search, Katib's suggestion pod and the metrics-collector sidecar of every trial pod, as
+roles/platform/vars/main.yml pins them (pods, search_pods, trial_sidecar, each read from the release). Every
+profile, on each cluster kind the platform runs on, with every combination of the platform switches, the train
+kinds they allow and a search or none: the pods fit beside them, or the role refuses before applying anything and
+says what is short. Nothing stays Pending.
 """
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
-from k8s.k8s_render import GPU, PROFILE_VARIANTS, PROFILES, find, load_workloads_filters, pod_spec, workloads
+import yaml
+from k8s.k8s_render import (
+    GPU,
+    PROFILE_VARIANTS,
+    PROFILES,
+    REPO,
+    find,
+    load_workloads_filters,
+    pod_spec,
+    workloads,
+)
 
 filters = load_workloads_filters()
+RELEASES = yaml.safe_load((REPO / "roles/platform/vars/main.yml").read_text())["platform_releases"]
+SWITCHES = list(RELEASES)
 
 
 def pod_requests(obj: dict) -> dict[str, int]:
@@ -117,3 +138,72 @@ def test_the_node_can_back_the_training_shm(rendered_sites, name):
         f"{name}: the pods request {requested} Mi and training's /dev/shm may take {shm} Mi more, but the node has "
         f"{node['memory_mi']} Mi: lower the profile's shm_size or give the node more memory (cluster_memory_mb)"
     )
+
+
+# --- With the platform -------------------------------------------------------------------------------------------
+def platform_variants(settings: dict) -> list[tuple[dict, str, bool]]:
+    """Every combination of the platform switches, with each train kind it serves and, with Katib, a search."""
+    variants = []
+    for bits in itertools.product((False, True), repeat=len(SWITCHES)):
+        switches = dict(zip(SWITCHES, bits, strict=True))
+        kinds = ["job"] + ["trainjob"] * switches["trainer"] + ["pytorchjob"] * switches["training_operator"]
+        for kind in kinds:
+            for hpo in (False, True) if switches["katib"] and settings["train"] else (False,):
+                variants.append((switches, kind, hpo))
+    return variants
+
+
+def beside_dinops(switches: dict, kind: str, hpo: bool, trial_pods: int) -> dict[str, int]:
+    """What the platform runs on the node, summed from the pinned releases."""
+    pods = [pod for name, on in switches.items() if on for pod in (RELEASES[name].get("pods") or {}).values()]
+    if hpo:
+        pods += list(RELEASES["katib"]["search_pods"].values()) + [RELEASES["katib"]["trial_sidecar"]] * trial_pods
+    return {key: sum(int(pod[key]) for pod in pods) for key in ("cpu_m", "memory_mi")}
+
+
+PLATFORM_CLUSTERS = sorted(n for n, s in PROFILE_VARIANTS.items() if s["cluster"] in ("minikube", "k3s"))
+
+
+@pytest.mark.parametrize("name", PLATFORM_CLUSTERS)
+def test_with_the_platform_everything_fits_or_the_role_refuses(name):
+    settings = PROFILE_VARIANTS[name]
+    cluster = settings["cluster_facts"][settings["cluster"]]
+    capacity = filters.node_allocatable(settings["node"], settings["cluster_facts"])
+    system = {k: sum(int(p[k]) for p in cluster["system_pods"].values()) for k in ("cpu_m", "memory_mi")}
+    eviction = capacity["capacity_memory_mi"] - system["memory_mi"] - capacity["memory_mi"]
+    pending, refused = [], []
+    for switches, kind, hpo in platform_variants(settings):
+        variant = {**settings, "platform": switches, "train_kind": kind, "hpo": hpo}
+        label = f"{','.join(k for k, on in switches.items() if on) or 'none'} {kind}{' hpo' if hpo else ''}"
+        try:
+            plan = filters.site_plan(variant)
+        except filters.WorkloadsError as error:
+            assert "cannot all fit" in str(error) and "platform's" in str(error), f"{name} {label}: {error}"
+            refused.append(label)
+            continue
+        trial_pods = plan["train_processes"] if kind == "job" else 1
+        platform = beside_dinops(switches, kind, hpo, trial_pods)
+        dinops = {
+            "cpu_m": sum(filters.cpu_m(r["requests"]["cpu"]) for r in plan["resources"].values()),
+            "memory_mi": sum(filters.quantity_mi(r["requests"]["memory"]) for r in plan["resources"].values()),
+        }
+        free = {
+            "cpu_m": capacity["capacity_cpu_m"] - system["cpu_m"] - platform["cpu_m"],
+            "memory_mi": capacity["capacity_memory_mi"] - eviction - system["memory_mi"] - platform["memory_mi"],
+        }
+        short = {k: dinops[k] - free[k] for k in free if dinops[k] > free[k]}
+        if short:
+            pending.append(f"  {label}: dinops {dinops}, platform {platform}, free {free}, short {short}")
+    assert not pending, f"{name}: pods would stay Pending beside the platform:\n" + "\n".join(pending)
+    # The platform's defaults (Trainer and Katib) run beside every shipped profile without a search.
+    assert "katib,trainer job" not in refused and "trainer,katib job" not in refused, f"{name}: {refused}"
+
+
+def test_the_refusal_names_the_platforms_pods():
+    settings = PROFILE_VARIANTS["profile-a10g-minikube-train"]
+    switches = dict.fromkeys(SWITCHES, True)
+    with pytest.raises(filters.WorkloadsError) as refused:
+        filters.site_plan({**settings, "platform": switches, "train_kind": "job", "hpo": True})
+    assert "trainer/jobset-controller-manager 500m/128Mi" in str(refused.value)
+    assert "kserve/llmisvc-controller-manager 100m/300Mi" in str(refused.value)
+    assert "katib/metrics-collector 50m/10Mi" in str(refused.value)

@@ -20,6 +20,8 @@ EXPECTED_KINDS = {
     "Job": 2,
     "Deployment": 2,
     "Service": 2,
+    # Who may reach the API and what the API and the client may reach (k8s/base/networkpolicy-*.yaml).
+    "NetworkPolicy": 2,
 }
 
 

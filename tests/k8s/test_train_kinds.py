@@ -61,8 +61,11 @@ def by_kind(objects: list[dict], kind: str) -> list[dict]:
 
 
 def the_job(tmp_path, variant: dict) -> dict:
-    """The prepared batch Job dinops-train of the same layer without the kind: what the fold starts from."""
-    site = {**variant["site"], "train_kind": "job", "train_nodes": 1, "hpo": False}
+    """The prepared batch Job dinops-train of the same layer without the kind: what the fold starts from. The
+    operators the kind needs stay switched on, so that the node budget (workloads.platform_reserve) is the same."""
+    kind = variant["site"]["train_kind"]
+    platform = dict.fromkeys(workloads.PLATFORM_NEEDS.get(kind, ()), True) | {"katib": variant["site"]["hpo"]}
+    site = {**variant["site"], "train_kind": "job", "train_nodes": 1, "hpo": False, "platform": platform}
     objects = workloads.prepare_objects(render_site(tmp_path, "job", site), True, True)
     return find(objects, "Job", "dinops-train")
 
@@ -413,6 +416,19 @@ def test_the_namespace_lets_the_operators_containers_in(folded, name):
     assert (labels.get("katib.kubeflow.org/metrics-collector-injection") == "enabled") == fold["hpo"]["enabled"]
 
 
+@pytest.mark.parametrize(("hpo", "enforced"), [(False, "restricted"), (True, "baseline")])
+def test_with_the_platforms_operators_only_a_search_needs_baseline(tmp_path, hpo, enforced):
+    """roles/platform gives init-pytorch a restricted securityContext and makes Katib's collector copy the trial
+    container's; Katib's suggestion pod has none (kubeflow/katib@v0.19.0:pkg/controller.v1beta1/suggestion), so only
+    a search still needs baseline."""
+    variant = copy.deepcopy(TRAIN_KIND_VARIANTS["kind-2nodes-a100-nfs-pytorchjob"])
+    variant["site"]["hpo"] = hpo
+    variant["fold"]["hpo"]["enabled"] = hpo
+    variant["fold"]["restricted_operators"] = True
+    labels = find(render_train_kind(tmp_path, "restricted", variant), "Namespace", "dinops")["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == enforced
+
+
 # --- Settings that cannot run are refused, naming the setting -----------------------------------------------------
 def k3s(**extra) -> dict:
     return {**profile_settings(PROFILES["rtx3090"], "k3s", True), **extra}
@@ -546,6 +562,36 @@ def test_an_experiment_with_another_search_is_replaced_once_finished_and_kept_wh
     ]
     with pytest.raises(train_kinds.TrainKindsError, match="kubectl -n dinops delete experiment dinops-hpo"):
         train_kinds.objects_to_delete(other, [live(experiment, ["Running"])])
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"max_trials": 40}, {"max_failed_trials": 1}, {"parallel_trials": 2}],
+    ids=["max_trials", "max_failed_trials", "parallel_trials"],
+)
+@pytest.mark.parametrize("outcome", ["Succeeded", "Failed"])
+def test_a_finished_experiment_whose_trial_counts_changed_is_replaced(folded, tmp_path, change, outcome):
+    """Katib's webhook refuses any spec change to a finished Experiment unless it is restartable (Succeeded by max
+    trials with resumePolicy LongRunning or FromVolume; dinops leaves Never), the counts included
+    (kubeflow/katib@v0.19.0:pkg/webhook/v1beta1/experiment/validator/validator.go, pkg/controller.v1beta1/
+    experiment/util/status_util.go IsCompletedExperimentRestartable): it is deleted and created again instead."""
+    experiment = find(folded["kind-rtx3090-minikube-job-hpo"], "Experiment", "dinops-hpo")
+    changed = find(fold_hpo(tmp_path, **change), "Experiment", "dinops-hpo")
+    assert train_kinds.objects_to_delete([changed], [live(experiment, [outcome])]) == [
+        {"apiVersion": "kubeflow.org/v1beta1", "kind": "Experiment", "name": "dinops-hpo",
+         "why": "its trial counts changed and Katib refuses any change to a finished Experiment"}]  # fmt: skip
+    # Unchanged, a finished search stays (its results are kept); a running one takes the new counts.
+    assert train_kinds.objects_to_delete([experiment], [live(experiment, [outcome])]) == []
+    assert train_kinds.objects_to_delete([changed], [live(experiment, ["Running"])]) == []
+
+
+def test_a_running_experiment_cannot_lower_its_trials_below_those_it_made(folded, tmp_path):
+    """validator.go (v0.19.0): a changed spec needs maxTrialCount > status.trials, running or not."""
+    experiment = live(find(folded["kind-rtx3090-minikube-job-hpo"], "Experiment", "dinops-hpo"), ["Running"])
+    experiment["status"]["trials"] = 5
+    fewer = find(fold_hpo(tmp_path, max_trials=5), "Experiment", "dinops-hpo")
+    with pytest.raises(train_kinds.TrainKindsError, match="workloads_hpo_max_trials 5 is not above the 5 trials"):
+        train_kinds.objects_to_delete([fewer], [experiment])
 
 
 def test_the_crds_the_layer_needs_name_the_setting_and_the_platform(folded):

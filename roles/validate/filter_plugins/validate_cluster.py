@@ -171,11 +171,12 @@ def _fact(fact) -> dict:
     return fact if isinstance(fact, dict) else {}
 
 
-def dinops_inference_verdicts(api, fact=None, client=None, nodeport=30000) -> dict:
+def dinops_inference_verdicts(api, fact=None, client=None, nodeport=30000, client_base="http://127.0.0.1") -> dict:
     """{inference_ready, detect_json, client_nodeport: {status, detail}}.
 
     ``api``: files/cluster_api_probe.py's JSON from the client pod ({} when it did not run); ``fact``: the workloads
-    stage's fact file (what it applied, where inference stood); ``client``: the uri result of the client's NodePort."""
+    stage's fact file (what it applied, where inference stood); ``client``: the uri result of the client's NodePort,
+    asked at ``client_base`` (https and the published address when the client is public)."""
     api = api if isinstance(api, dict) else {}
     fact = _fact(fact)
     applied = fact.get("workloads")
@@ -215,7 +216,7 @@ def dinops_inference_verdicts(api, fact=None, client=None, nodeport=30000) -> di
         why = f" ({client.get('msg')})" if status != 200 and client.get("msg") else ""
         verdicts["client_nodeport"] = {
             "status": "pass" if status == 200 else "fail",
-            "detail": f"GET http://127.0.0.1:{nodeport}/ answered {status or 'nothing'}{why}",
+            "detail": f"GET {client_base}:{nodeport}/ answered {status or 'nothing'}{why}",
         }
     return verdicts
 

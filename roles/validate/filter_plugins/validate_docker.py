@@ -263,13 +263,13 @@ def _inference(plan: dict, fact: dict, api_result: dict) -> tuple[dict, dict]:
     }
 
 
-def _client(plan: dict, client_results) -> dict:
+def _client(plan: dict, client_results, client_base: str) -> dict:
     if CLIENT not in plan["workloads"]:
         return {
             "status": "skip",
             "detail": "the client is not deployed on this host (the fact file lists no dinops-client)",
         }
-    base = f"http://127.0.0.1:{plan['client_port']}"
+    base = f"{client_base}:{plan['client_port']}"
     answers = {r.get("validate_client_path", r.get("url", "")): r for r in client_results or [] if isinstance(r, dict)}
     problems = []
     for path in ("/healthz", "/"):
@@ -312,14 +312,24 @@ def _gpu(plan: dict, fact: dict, pci_gpus, gpu_result: dict) -> dict:
 
 
 def dinops_docker_results(
-    fact, inspect=None, logs=None, api=None, client=None, pci_gpus=0, gpu=None, fact_path="", client_port=0
+    fact,
+    inspect=None,
+    logs=None,
+    api=None,
+    client=None,
+    pci_gpus=0,
+    gpu=None,
+    fact_path="",
+    client_port=0,
+    client_base="http://127.0.0.1",
 ) -> list[dict]:
     """The section's results: [{section, check, status, detail}] in CHECKS order.
 
     ``fact``: the fact file's text; ``inspect``: `docker inspect <workloads>` stdout; ``logs``: the registered loop of
     `docker logs` over the plan's ``unwell`` (each result carries ``validate_container``); ``api``: the registered
     `docker exec dinops-serve python3 -c <probe>`; ``client``: the registered uri loop (``validate_client_path``);
-    ``pci_gpus``: gpu_host's count; ``gpu``: the registered CUDA probe inside the plan's ``gpu_container``."""
+    ``pci_gpus``: gpu_host's count; ``gpu``: the registered CUDA probe inside the plan's ``gpu_container``;
+    ``client_base``: scheme and host the client was asked at (https and the published address when public)."""
     plan = dinops_docker_plan(fact, inspect, fact_path, client_port)
     if not plan["docker"]:
         return [{"section": SECTION, "check": c, "status": "skip", "detail": plan["why_not"]} for c in CHECKS]
@@ -327,7 +337,7 @@ def dinops_docker_results(
     log_lines = {r.get("validate_container"): _log_lines(r) for r in (logs or {}).get("results") or []}
     verdicts = {"containers": _containers(plan, _inspected(inspect), log_lines)}
     verdicts["inference_ready"], verdicts["detect_json"] = _inference(plan, fact, api or {})
-    verdicts["client_port"] = _client(plan, (client or {}).get("results"))
+    verdicts["client_port"] = _client(plan, (client or {}).get("results"), client_base)
     verdicts["gpu_in_containers"] = _gpu(plan, fact, pci_gpus, gpu or {})
     return [{"section": SECTION, "check": c} | verdicts[c] for c in CHECKS]
 

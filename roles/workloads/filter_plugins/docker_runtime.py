@@ -44,8 +44,10 @@ _SPEC.loader.exec_module(workloads)
 # The Kubernetes objects this runtime understands; anything else in the layer is refused by name.
 WORKLOAD_KINDS = ("Job", "Deployment")
 CONSUMED_KINDS = ("Namespace", "ConfigMap", "PersistentVolumeClaim", "Service", "PersistentVolume")
-# Kinds that only mean something on a cluster (an Ingress needs an ingress controller; the NodePort is published).
-CLUSTER_ONLY_KINDS = ("Ingress",)
+# Kinds that only mean something on a cluster (an Ingress needs an ingress controller; the NodePort is published; a
+# NetworkPolicy needs a network plugin that enforces it: on Docker, the containers' bridge network is theirs alone and
+# only the published port reaches them from the host, docs/security.md).
+CLUSTER_ONLY_KINDS = ("Ingress", "NetworkPolicy")
 # Kinds of the Kubeflow operators (k8s/components/{trainjob,pytorchjob,katib-experiment}) and the setting that asks
 # for them: this runtime runs training as the batch Job's container only.
 KUBEFLOW_KINDS = {
@@ -68,7 +70,9 @@ PROBE_TIMEOUT_FLOOR_S = 5
 # outside these lists is refused, so that a change to the manifests cannot be silently dropped by this runtime.
 POD_FIELDS = {"containers", "initContainers", "volumes", "securityContext", "restartPolicy",
               "terminationGracePeriodSeconds"}  # fmt: skip
-SCHEDULER_POD_FIELDS = {"tolerations", "nodeSelector", "affinity", "runtimeClassName", "priorityClassName"}
+# automountServiceAccountToken: Docker mounts no Kubernetes token into a container in the first place.
+SCHEDULER_POD_FIELDS = {"tolerations", "nodeSelector", "affinity", "runtimeClassName", "priorityClassName",
+                        "automountServiceAccountToken"}  # fmt: skip
 CONTAINER_FIELDS = {"name", "image", "imagePullPolicy", "command", "args", "env", "envFrom", "ports", "resources",
                     "securityContext", "volumeMounts", "readinessProbe", "livenessProbe", "startupProbe"}  # fmt: skip
 
@@ -98,13 +102,16 @@ def _cpu_m(value: Any, where: str) -> int:
 
 
 def _env(container: dict[str, Any], config_maps: dict[str, dict[str, str]], where: str) -> dict[str, str]:
-    """envFrom ConfigMaps first, then env entries (env wins, as in Kubernetes). Secrets: see _secret_file."""
+    """envFrom ConfigMaps first, then env entries (env wins, as in Kubernetes)."""
     env: dict[str, str] = {}
     for source in container.get("envFrom") or []:
-        if "secretRef" in source and len(source) == 1:
-            continue
+        # A Secret's values in the environment are in `docker inspect` (Config.Env) and in every module result
+        # that returns it: Secrets reach containers as read-only files only (see _secret_volume).
+        secret = (source.get("secretRef") or {}).get("name")
+        _require("secretRef" not in source, f"{where}: envFrom {secret!r} is a Secret; the Docker runtime hands "
+                 "Secrets over as files only: mount it as a secret volume")  # fmt: skip
         ref = source.get("configMapRef") or {}
-        _require(bool(ref), f"{where}: envFrom supports configMapRef and secretRef only, got {sorted(source)}")
+        _require(bool(ref), f"{where}: envFrom supports configMapRef only, got {sorted(source)}")
         name = ref.get("name")
         _require(name in config_maps or ref.get("optional"), f"{where}: ConfigMap {name!r} is not in the layer")
         env.update(config_maps.get(name, {}))
@@ -116,16 +123,24 @@ def _env(container: dict[str, Any], config_maps: dict[str, dict[str, str]], wher
     return env
 
 
-def _secret_file(container: dict[str, Any], settings: dict[str, Any], where: str) -> str | None:
-    """A Secret in envFrom is a root-only env file on the host (data_dir/.secrets/<name>.env, written by the role
-    with no_log), handed to Docker as --env-file: the values never enter the plan, the facts or the logs. Docker's
-    -e wins over --env-file (https://docs.docker.com/reference/cli/docker/container/run/#env), so a key in both the
-    Secret and a ConfigMap takes the ConfigMap's value, where Kubernetes takes the later envFrom's: keep them apart."""
-    names = [s["secretRef"]["name"] for s in container.get("envFrom") or [] if "secretRef" in s]
-    _require(len(names) <= 1, f"{where}: the Docker runtime passes one Secret per container, got {names}")
-    if not names:
-        return None
-    return f"{settings['data_dir'].rstrip('/')}/.secrets/{names[0]}.env"
+def _secret_volume(
+    volume: dict[str, Any], uid: Any, index: dict[str, Any], settings: dict[str, Any], where: str
+) -> str:
+    """A secret volume is a host directory, data_dir/.secrets/<secret>/ with one file per key, that the role fills
+    (no_log) and makes readable by the container's user only (directory 0500, files 0400, owner runAsUser); it is
+    bind-mounted read-only at the mountPath, as the kubelet mounts a Secret
+    (https://kubernetes.io/docs/concepts/configuration/secret/#using-secrets-as-files-from-a-pod). Only the path
+    enters the plan: the values never reach the plan, the facts, `docker inspect` or a module's result."""
+    ref = volume["secret"]
+    name = ref.get("secretName")
+    _require(bool(name), f"{where}: secret volume {volume['name']} names no secretName")
+    _require(not ref.get("items"), f"{where}: secret volume {volume['name']}: items are not translated")
+    _require(uid is not None, f"{where}: secret volume {volume['name']} needs runAsUser (the files' owner)")
+    path = f"{settings['data_dir'].rstrip('/')}/.secrets/{name}"
+    known = index["secrets"].setdefault(name, {"name": name, "path": path, "owner": int(uid)})
+    _require(known["owner"] == int(uid), f"{where}: Secret {name} is read by users {known['owner']} and {uid}; "
+             "its files can be readable by one user only")  # fmt: skip
+    return path
 
 
 def _probe(probe: dict[str, Any] | None, ports: dict[str, int], startup: dict[str, Any] | None, where: str):
@@ -138,8 +153,18 @@ def _probe(probe: dict[str, Any] | None, ports: dict[str, int], startup: dict[st
     port = ports.get(port) if isinstance(port, str) else int(port)
     _require(port is not None, f"{where}: probe port {get.get('port')!r} is not a declared container port")
     timeout = max(int(probe.get("timeoutSeconds") or 1), PROBE_TIMEOUT_FLOOR_S)
-    url = f"http://127.0.0.1:{port}{get.get('path') or '/'}"
+    scheme = str(get.get("scheme") or "HTTP").upper()
+    _require(scheme in ("HTTP", "HTTPS"), f"{where}: probe scheme {scheme!r} is not HTTP or HTTPS")
+    url = f"{scheme.lower()}://127.0.0.1:{port}{get.get('path') or '/'}"
     code = f"import urllib.request; urllib.request.urlopen({url!r}, timeout={timeout})"
+    if scheme == "HTTPS":
+        # As the kubelet: "If scheme field is set to HTTPS, the kubelet sends an HTTPS request skipping the
+        # certificate verification" (https://kubernetes.io/docs/tasks/configure-pod-container/
+        # configure-liveness-readiness-startup-probes/#http-probes).
+        code = (
+            "import ssl, urllib.request; "
+            f"urllib.request.urlopen({url!r}, timeout={timeout}, context=ssl._create_unverified_context())"
+        )
     # The startup probe's budget (period x failures) is the time a start may take before failures count.
     start = int((startup or {}).get("periodSeconds") or 10) * int((startup or {}).get("failureThreshold") or 0)
     check = {
@@ -202,10 +227,8 @@ def _container(obj: dict[str, Any], index: dict[str, Any], settings: dict[str, A
         if argv:
             spec["command"] = argv
     spec["env"] = dict(sorted(env.items()))
-    secret_file = _secret_file(main, settings, where)
-    if secret_file:
-        spec["env_file"] = secret_file
-        index["secrets"].add(secret_file)
+    user = csec.get("runAsUser", security.get("runAsUser"))
+    group = csec.get("runAsGroup", security.get("runAsGroup"))
 
     # Volumes: claims are host directories; a memory emptyDir at /dev/shm is the shm size; other emptyDirs tmpfs.
     volumes = {v["name"]: v for v in pod.get("volumes") or []}
@@ -243,9 +266,12 @@ def _container(obj: dict[str, Any], index: dict[str, Any], settings: dict[str, A
             for key, content in sorted(index["config_maps"][ref["name"]].items()):
                 index["files"][f"{source}/{key}"] = content
             mounts.append({"type": "bind", "source": source, "target": target, "read_only": True})
+        elif "secret" in volume:
+            source = _secret_volume(volume, user, index, settings, where)
+            mounts.append({"type": "bind", "source": source, "target": target, "read_only": True})
         else:
             _require(False, f"{where}: volume {mount['name']} is {sorted(set(volume) - {'name'})}; the Docker "
-                     "runtime knows persistentVolumeClaim, emptyDir and configMap")  # fmt: skip
+                     "runtime knows persistentVolumeClaim, emptyDir, configMap and secret")  # fmt: skip
     spec["mounts"] = mounts
     if shm:
         spec["shm_size"] = shm
@@ -268,8 +294,6 @@ def _container(obj: dict[str, Any], index: dict[str, Any], settings: dict[str, A
         spec["device_requests"] = [{"driver": "nvidia", "count": gpus, "capabilities": [["gpu"]]}]
 
     # Who runs it and how locked down.
-    user = csec.get("runAsUser", security.get("runAsUser"))
-    group = csec.get("runAsGroup", security.get("runAsGroup"))
     if user is not None:
         spec["user"] = f"{user}:{group}" if group is not None else str(user)
     if security.get("fsGroup") is not None:
@@ -306,7 +330,7 @@ def _container(obj: dict[str, Any], index: dict[str, Any], settings: dict[str, A
             _require(target is not None, f"Service {service['metadata']['name']}: targetPort is not a port of {name}")
             if service["spec"].get("type") == "NodePort" and port.get("nodePort"):
                 host_port = int(settings.get("node_ports", {}).get(int(port["nodePort"]), port["nodePort"]))
-                published.append(f"{settings.get('publish_address') or '0.0.0.0'}:{host_port}:{target}")
+                published.append(f"{settings.get('publish_address') or '127.0.0.1'}:{host_port}:{target}")
     spec["networks"] = [{"name": settings["network"], "aliases": sorted(set(aliases) - {name})}]
     if published:
         spec["published_ports"] = published
@@ -331,16 +355,16 @@ def docker_plan(objects: list[dict[str, Any]], settings: dict[str, Any]) -> dict
     """The containers of a rendered layer.
 
     ``settings``: data_dir (the host directory that holds one directory per claim), network (the bridge network's
-    name), publish_address (where NodePorts are published, default all addresses), node_ports ({nodePort: host
+    name), publish_address (where NodePorts are published, default loopback only), node_ports ({nodePort: host
     port}, to move one), owner ({uid, gid} of the claims' directories, default the pods' runAsUser/fsGroup).
     Returns {network, directories: [{path, owner, group, mode}], files: [{path, content}] (configMap volumes),
-    containers: [docker_container parameters], names: [container names in start order], secrets: [env file
-    paths of the Secrets the containers read]}.
+    containers: [docker_container parameters], names: [container names in start order], secrets: [{name, path,
+    owner} of the Secrets the containers mount: a directory per Secret, one file per key, see _secret_volume]}.
     """
     _require(bool(settings.get("data_dir")), "workloads_docker_data_dir must be a directory on the host")
     _require(str(settings["data_dir"]).startswith("/"), "workloads_docker_data_dir must be an absolute path")
     _require(bool(settings.get("network")), "workloads_docker_network must name a Docker network")
-    index: dict[str, Any] = {"config_maps": {}, "claims": set(), "services": [], "files": {}, "secrets": set()}
+    index: dict[str, Any] = {"config_maps": {}, "claims": set(), "services": [], "files": {}, "secrets": {}}
     workloads = []
     for obj in objects:
         if not obj:
@@ -397,8 +421,8 @@ def docker_plan(objects: list[dict[str, Any]], settings: dict[str, Any]) -> dict
         "files": [{"path": path, "content": content} for path, content in sorted(index["files"].items())],
         "containers": containers,
         "names": [c["name"] for c in containers],
-        # Env files of Secrets (data_dir/.secrets/<name>.env) the containers need: the role writes or checks them.
-        "secrets": sorted(index["secrets"]),
+        # Secret volumes the containers mount ({name, path, owner}): the role fills or checks them before the start.
+        "secrets": [index["secrets"][name] for name in sorted(index["secrets"])],
     }
 
 
@@ -436,6 +460,38 @@ def docker_job_state(info: dict[str, Any], container: dict[str, Any]) -> dict[st
     return {"state": "exited", "message": f"{container['name']} exited with code {code} ({restarts} restart(s))"}
 
 
+def docker_job_states(results: list[dict[str, Any]], containers: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
+    """{name: docker_job_state} of a docker_container_info loop over ``containers`` (its ``results``, in the same
+    order): the only part of the inspect output the role keeps, so that no task loops over, or prints, the
+    containers' Env (docker_container_info returns it)."""
+    _require(len(results) == len(containers), "docker_job_states: one docker_container_info result per container")
+    return {c["name"]: docker_job_state(r, c) for r, c in zip(results, containers, strict=True)}
+
+
+def docker_health(results: list[dict[str, Any]], names: list[str]) -> list[dict[str, str]]:
+    """[{name, healthy, status, output}] of a docker_container_info loop over container ``names``: the container's
+    state, its health and the last health check's output (the probe's own words), nothing else of the inspect."""
+    _require(len(results) == len(names), "docker_health: one docker_container_info result per container")
+    health = []
+    for result, name in zip(results, names, strict=True):
+        found = result.get("container") or {} if result.get("exists") else {}
+        state = found.get("State") or {}
+        checks = (state.get("Health") or {}).get("Log") or []
+        status = (state.get("Health") or {}).get("Status") or ""
+        health.append({
+            "name": name,
+            "healthy": status == "healthy",
+            "status": state.get("Status") or "missing",
+            "output": str((checks[-1] if checks else {}).get("Output") or "none").strip(),
+        })  # fmt: skip
+    return health
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"dinops_docker_plan": docker_plan, "dinops_docker_job_state": docker_job_state}
+        return {
+            "dinops_docker_plan": docker_plan,
+            "dinops_docker_job_state": docker_job_state,
+            "dinops_docker_job_states": docker_job_states,
+            "dinops_docker_health": docker_health,
+        }

@@ -106,11 +106,18 @@ TRIAL_KINDS = {
 # Katib injects its metrics collector only in namespaces with this label (kubeflow/katib@v0.19.0:
 # manifests/v1beta1/components/namespace/namespace.yaml; facts: Katib pitfall 1).
 KATIB_NAMESPACE_LABEL = {"katib.kubeflow.org/metrics-collector-injection": "enabled"}
-# Containers the operators add to our pods carry no securityContext, which Pod Security "restricted" refuses: Katib's
-# metrics collector (kubeflow/katib@v0.19.0:pkg/webhook/v1beta1/pod/inject_webhook.go, unless the katib-config sets
-# controller.injectSecurityContext) and the PyTorchJob Workers' init-pytorch (kubeflow/trainer@v1.9.4:
-# pkg/controller.v1/pytorch/initcontainer.go). Then the namespace enforces "baseline" and still warns and audits
-# against "restricted" (https://kubernetes.io/docs/concepts/security/pod-security-admission/#pod-security-admission-labels-for-namespaces).
+# Pods that Pod Security "restricted" refuses, which the operators create in our namespace:
+# - with a search, always: Katib's suggestion Deployment (the algorithm's container and medianstop's), which Katib
+#   creates in the Experiment's namespace with no securityContext at all (kubeflow/katib@v0.19.0:
+#   pkg/controller.v1beta1/suggestion/composer/composer.go; `git grep SecurityContext
+#   pkg/controller.v1beta1/suggestion` finds nothing). The metrics collector sidecar is not one of them when
+#   katib-config sets injectSecurityContext (pkg/webhook/v1beta1/pod/inject_webhook.go copies the trial container's),
+#   as roles/platform does;
+# - PyTorchJob Workers' init-pytorch (kubeflow/trainer@v1.9.4:pkg/controller.v1/pytorch/initcontainer.go), unless
+#   the Training Operator runs with the restricted template roles/platform gives it (``restricted_operators``:
+#   the platform stage installed the operators; an existing Kubeflow's are not known).
+# Then the namespace enforces "baseline" and still warns and audits against "restricted"
+# (https://kubernetes.io/docs/concepts/security/pod-security-admission/#pod-security-admission-labels-for-namespaces).
 PSA = "pod-security.kubernetes.io/"
 
 # The CRDs of the kinds the role applies, reads (live: the training objects it may replace) or removes, in the order
@@ -487,10 +494,9 @@ def _experiment(objects, parts, kind, trained, settings) -> dict[str, Any]:
     if trial["pods"]:
         template["primaryPodLabels"] = dict(trial["pods"])
     spec["trialTemplate"] = template
-    # Only these three may change on a live Experiment (kubeflow/katib@v0.19.0:pkg/webhook/v1beta1/experiment/
-    # validator/validator.go); a change elsewhere is a new search (dinops_experiment_to_replace).
-    editable = ("maxTrialCount", "parallelTrialCount", "maxFailedTrialCount")
-    _stamp(experiment, {key: value for key, value in spec.items() if key not in editable})
+    # Only the trial counts may change on a running Experiment (TRIAL_COUNTS); a change elsewhere is a new search
+    # (experiment_to_replace).
+    _stamp(experiment, {key: value for key, value in spec.items() if key not in TRIAL_COUNTS})
     return experiment
 
 
@@ -508,8 +514,8 @@ def _config_of(objects: list[dict[str, Any]], container: dict[str, Any]) -> dict
 
 
 def _namespace(objects: list[dict[str, Any]], parts: dict[str, Any], hpo: bool, workers: bool) -> None:
-    """Katib's injection label when searching; Pod Security baseline where an operator adds a container without a
-    securityContext (see PSA above)."""
+    """Katib's injection label when searching; Pod Security baseline where an operator creates a pod or a container
+    without a securityContext: Katib's suggestion pod, PyTorchJob workers' init-pytorch (see PSA above)."""
     namespace = _find(objects, "Namespace", parts["namespace"] or "")
     if namespace is None or not (hpo or workers):
         return
@@ -529,7 +535,9 @@ def train_kinds(objects: list[dict[str, Any]], settings: dict[str, Any]) -> list
     ``settings``: kind (workloads_train_kind: job, trainjob, pytorchjob), nodes (workloads_train_nodes), processes
     and gpus (the plan's train_processes and train_gpus: per node), cluster_nodes (workloads_cluster_nodes), hpo
     ({enabled, algorithm, max_trials, parallel_trials (0: from the GPUs), max_failed_trials, early_stopping,
-    parameters}: workloads_hpo*). Without the Job (this host does not train) the objects come back as they are.
+    parameters}: workloads_hpo*), restricted_operators (the platform stage installed the operators, with their
+    restricted containers: no Pod Security downgrade for PyTorchJob workers). Without the Job (this host does not
+    train) the objects come back as they are.
     """
     kind = str(settings.get("kind") or "job")
     _require(kind in KIND_CONTAINERS, f"workloads_train_kind must be one of job, trainjob, pytorchjob, got {kind!r}")
@@ -568,7 +576,8 @@ def train_kinds(objects: list[dict[str, Any]], settings: dict[str, Any]) -> list
     else:
         _require(_find(objects, "Experiment", EXPERIMENT) is None, "the layer has the Katib Experiment but "
                  "workloads_hpo is false")  # fmt: skip
-    _namespace(objects, parts, hpo, kind == "pytorchjob" and settings["nodes"] > 1)
+    workers = kind == "pytorchjob" and settings["nodes"] > 1 and not settings.get("restricted_operators")
+    _namespace(objects, parts, hpo, workers)
     left_out = {id(o) for o in skeletons}
     out = []
     for obj in objects:
@@ -591,38 +600,60 @@ def kubeflow_crds(objects: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
+# What Katib lets change on a live Experiment, and only while it runs (kubeflow/katib@v0.19.0:pkg/webhook/v1beta1/
+# experiment/validator/validator.go): once it has Succeeded or Failed, any spec change is refused unless it is
+# restartable (Succeeded by max trials with resumePolicy LongRunning or FromVolume, pkg/controller.v1beta1/
+# experiment/util/status_util.go IsCompletedExperimentRestartable); dinops leaves resumePolicy at Never.
+TRIAL_COUNTS = ("maxTrialCount", "parallelTrialCount", "maxFailedTrialCount")
+SEARCH_CHANGED = "its search changed"
+COUNTS_CHANGED = "its trial counts changed and Katib refuses any change to a finished Experiment"
+
+
+def _experiment_change(desired: dict[str, Any], experiment: dict[str, Any]) -> str:
+    """Why the live ``experiment`` is deleted before ``desired`` is applied ("" to keep it): another search (by the
+    stamped hash), or other trial counts once it has finished. Raises what Katib's webhook would refuse of a running
+    one, with what to do."""
+    metadata = experiment.get("metadata") or {}
+    name, namespace = metadata.get("name"), metadata.get("namespace", "dinops")
+    searched = (metadata.get("annotations") or {}).get(workloads.TEMPLATE_HASH_ANNOTATION)
+    search_changed = searched != desired["metadata"]["annotations"][workloads.TEMPLATE_HASH_ANNOTATION]
+    live_spec, spec = experiment.get("spec") or {}, desired.get("spec") or {}
+    counts_changed = any(live_spec.get(key) != spec.get(key) for key in TRIAL_COUNTS)
+    if not (search_changed or counts_changed):
+        return ""
+    status = experiment.get("status") or {}
+    finished = any(
+        c.get("status") == "True" and c.get("type") in ("Succeeded", "Failed") for c in status.get("conditions") or []
+    )
+    if finished:
+        return SEARCH_CHANGED if search_changed else COUNTS_CHANGED
+    delete = f"kubectl -n {namespace} delete experiment {name}; its trials' checkpoints stay in the output volume"
+    _require(
+        not search_changed,
+        f"Experiment {name} is still searching with other settings (workloads_hpo_* or the training it tries "
+        f"changed) and Katib lets only its trial counts change: wait for it, or delete it to start the new "
+        f"search ({delete})",
+    )
+    made = int(status.get("trials") or 0)
+    _require(
+        int(spec.get("maxTrialCount") or 0) > made,
+        f"workloads_hpo_max_trials {spec.get('maxTrialCount')} is not above the {made} trials Experiment {name} "
+        f"already made, which Katib refuses while it runs: set workloads_hpo_max_trials above {made}, or wait for "
+        f"it to finish (it is then replaced), or delete it ({delete})",
+    )
+    return ""
+
+
 def experiment_to_replace(desired: list[dict[str, Any]], live: list[dict[str, Any]]) -> list[str]:
-    """Names of live Experiments whose search differs from the desired one (by the stamped hash) and that have
-    finished (Succeeded or Failed): deleted so that the new search starts. A running one with another search is an
-    error: deleting it would stop its trials, so the role says what to do instead."""
-    wanted = {
-        o["metadata"]["name"]: o["metadata"]["annotations"][workloads.TEMPLATE_HASH_ANNOTATION]
-        for o in desired
-        if o.get("kind") == "Experiment"
-    }
+    """Names of live Experiments that are deleted so that the desired one can be applied: a finished (Succeeded or
+    Failed) one whose search or trial counts differ. A running one with another search is an error: deleting it
+    would stop its trials, so the role says what to do instead; a running one takes new counts in place."""
+    wanted = {o["metadata"]["name"]: o for o in desired if o.get("kind") == "Experiment"}
     names = []
     for experiment in live or []:
-        metadata = experiment.get("metadata") or {}
-        name = metadata.get("name")
-        if (
-            name not in wanted
-            or (metadata.get("annotations") or {}).get(workloads.TEMPLATE_HASH_ANNOTATION) == wanted[name]
-        ):
-            continue
-        finished = {
-            c.get("type")
-            for c in (experiment.get("status") or {}).get("conditions") or []
-            if c.get("status") == "True" and c.get("type") in ("Succeeded", "Failed")
-        }
-        namespace = metadata.get("namespace", "dinops")
-        _require(
-            bool(finished),
-            f"Experiment {name} is still searching with other settings (workloads_hpo_* or the training it tries "
-            f"changed) and Katib lets only its trial counts change: wait for it, or delete it to start the new "
-            f"search (kubectl -n {namespace} delete experiment {name}; its trials' checkpoints stay in the output "
-            "volume)",
-        )
-        names.append(name)
+        name = (experiment.get("metadata") or {}).get("name")
+        if name in wanted and _experiment_change(wanted[name], experiment):
+            names.append(name)
     return sorted(names)
 
 
@@ -643,7 +674,8 @@ def objects_to_delete(desired: list[dict[str, Any]], live: list[dict[str, Any]])
         obj = {"kind": "Job", "apiVersion": "batch/v1", **obj}
         key = (obj["kind"], obj["metadata"]["name"])
         if key in wanted and obj["kind"] == "Experiment":
-            why = "its search changed" if experiment_to_replace(desired, [obj]) else ""
+            experiment = next(o for o in desired if o.get("kind") == "Experiment" and o["metadata"]["name"] == key[1])
+            why = _experiment_change(experiment, obj)
         elif key in wanted:
             why = (
                 "its template changed"

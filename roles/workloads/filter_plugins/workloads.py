@@ -15,7 +15,10 @@ import hashlib
 import ipaddress
 import json
 import re
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 OVERLAYS = ("cpu", "minikube-gpu", "k3s-gpu", "docker-gpu")
 GPU_OVERLAYS = ("minikube-gpu", "k3s-gpu", "docker-gpu")
@@ -49,6 +52,10 @@ NFS_SERVER = re.compile(
 NFS_OPTION = re.compile(r"^[A-Za-z0-9_.=:/-]+$")
 # Checkpoints and results in S3 (dinops train --output-s3): the component giving the pods the Secret dinops-s3.
 S3_COMPONENT = "components/s3-credentials"
+# Egress to S3 for the API when it serves from a bucket (its NetworkPolicy otherwise allows DNS only).
+S3_POLICY_COMPONENT = "components/network-policy-s3"
+# A public web client: login and TLS from the Secret dinops-client-auth (docs/security.md).
+CLIENT_AUTH_COMPONENT = "components/client-auth"
 # Inference as a KServe InferenceService (workloads_inference_service; filter_plugins/inference_service.py).
 ISVC_COMPONENT = "components/inferenceservice"
 S3_SERVE_TMP = "4Gi"
@@ -105,8 +112,11 @@ def _int_field(profile: dict[str, Any], key: str, name: str) -> int:
     return int(value)
 
 
-def node_allocatable(node: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any] | None:
-    """What one node has for the dinops pods, after the cluster's own pods and the kubelet's reservations.
+def node_allocatable(
+    node: dict[str, Any], facts: dict[str, Any], platform: dict[str, Any] | None = None
+) -> dict[str, Any] | None:
+    """What one node has for the dinops pods, after the cluster's own pods, the platform's (``platform``: what
+    platform_reserve returns, by pod) and the kubelet's reservations.
 
     ``node`` keys: cluster (minikube, k3s, docker or none), profile (the profile's name, for messages), host_vcpus,
     host_memory_mb (the host's, or its profile's host_memory_gb * 1024), gpu_count, cluster_cpus and
@@ -139,7 +149,7 @@ def node_allocatable(node: dict[str, Any], facts: dict[str, Any]) -> dict[str, A
         gpus *= int(node.get("gpu_replicas") or 1)
     reserved = {
         name: {"cpu_m": int(pod["cpu_m"]), "memory_mi": int(pod["memory_mi"])}
-        for name, pod in kind["system_pods"].items()
+        for name, pod in {**kind["system_pods"], **(platform or {})}.items()
     }
     capacity_cpu, capacity_memory = cpus * 1000, memory_mb
     return {
@@ -151,6 +161,50 @@ def node_allocatable(node: dict[str, Any], facts: dict[str, Any]) -> dict[str, A
         "gpus": gpus,
         "reserved": reserved,
     }
+
+
+# The pinned platform releases: each operator's pods' requests and what a Katib search adds (pods, search_pods,
+# trial_sidecar), beside the versions they were read from.
+PLATFORM_RELEASES = Path(__file__).resolve().parents[2] / "platform" / "vars" / "main.yml"
+# The platform components each Kubeflow kind of the layer needs on the cluster, whatever the switches say.
+PLATFORM_NEEDS = {"trainjob": ("trainer",), "pytorchjob": ("training_operator",)}
+
+
+def platform_reserve(settings: dict[str, Any], trial_pods: int, releases: dict[str, Any] | None = None) -> dict:
+    """The platform's pods that may run on the node, {"<component>/<pod>": {cpu_m, memory_mi}}: the controllers of
+    the enabled components (``settings["platform"]``: the platform stage's switches, {component: bool}, empty or
+    absent without dinops_platform) and of those the layer's kinds need (workloads_train_kind, workloads_hpo,
+    workloads_inference_service); with a search, Katib's suggestion pod and one metrics-collector sidecar for each
+    of the ``trial_pods`` trial pods at once. Operators may land on any node: every node counts them."""
+    if releases is None:
+        releases = yaml.safe_load(PLATFORM_RELEASES.read_text())["platform_releases"]
+    switches = settings.get("platform") or {}
+    _require(isinstance(switches, dict), f"the platform switches must be a dict of booleans, got {switches!r}")
+    unknown = sorted(set(switches) - set(releases))
+    _require(not unknown, f"no pinned platform release for {', '.join(unknown)} (roles/platform/vars/main.yml)")
+    enabled = {name for name, on in switches.items() if on}
+    enabled.update(PLATFORM_NEEDS.get(str(settings.get("train_kind") or "job"), ()))
+    search = bool(settings.get("hpo")) and bool(settings.get("train"))
+    if search:
+        enabled.add("katib")
+    if settings.get("inference_service"):
+        enabled.update(("kserve", "cert_manager"))
+    reserve = {
+        f"{name}/{pod}": {"cpu_m": int(requests["cpu_m"]), "memory_mi": int(requests["memory_mi"])}
+        for name in releases
+        if name in enabled
+        for pod, requests in (releases[name].get("pods") or {}).items()
+    }
+    if search:
+        katib = releases["katib"]
+        for pod, requests in (katib.get("search_pods") or {}).items():
+            reserve[f"katib/{pod}"] = {"cpu_m": int(requests["cpu_m"]), "memory_mi": int(requests["memory_mi"])}
+        sidecar = katib["trial_sidecar"]
+        reserve["katib/metrics-collector"] = {
+            "cpu_m": int(sidecar["cpu_m"]) * trial_pods,
+            "memory_mi": int(sidecar["memory_mi"]) * trial_pods,
+        }
+    return reserve
 
 
 # --- What runs, and with which requests --------------------------------------------------------------------------
@@ -262,7 +316,10 @@ def site_plan(settings: dict[str, Any]) -> dict[str, Any]:
     }
     if not node_settings:
         return plan
-    default_node = node_allocatable(node_settings, facts)
+    # A search's trials at once on one node: one per GPU as Jobs, one pod per node of a TrainJob or PyTorchJob.
+    trial_pods = processes if str(settings.get("train_kind") or "job") == "job" else 1
+    platform = platform_reserve(settings, trial_pods) if cluster not in ("docker", "none") else {}
+    default_node = node_allocatable(node_settings, facts, platform)
     if default_node is None:
         notes.append("the cluster is not one the role built (workloads_cluster none): requests are the manifests'")
         return plan
@@ -273,7 +330,7 @@ def site_plan(settings: dict[str, Any]) -> dict[str, Any]:
     for app in ("download", "checkpoint", "client", "serve", "train"):
         if not apps[app]:
             continue
-        node = _pinned_node(pinned[app], node_settings, facts) if pinned.get(app) else default_node
+        node = _pinned_node(pinned[app], node_settings, facts, platform) if pinned.get(app) else default_node
         key = json.dumps({k: node.get(k) for k in ("cpu_m", "memory_mi", "gpus")}, sort_keys=True)
         key = "host" if node is default_node else key
         groups.setdefault(key, []).append(app)
@@ -288,10 +345,12 @@ def site_plan(settings: dict[str, Any]) -> dict[str, Any]:
     return plan
 
 
-def _pinned_node(raw: dict[str, Any], node_settings: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:
+def _pinned_node(
+    raw: dict[str, Any], node_settings: dict[str, Any], facts: dict[str, Any], platform: dict[str, Any]
+) -> dict[str, Any]:
     """A node of several (placement's requests_node: the raw host size {cpu_m, memory_mi, gpus} of the smallest
-    node the app may land on) less the cluster's reservations. The system pods may land on any node: counted on
-    every one, the safe side."""
+    node the app may land on) less the cluster's reservations. The system and platform pods may land on any node:
+    counted on every one, the safe side."""
     _require(
         isinstance(raw, dict) and {"cpu_m", "memory_mi"} <= set(raw),
         f"workloads_placement requests_node entries must be {{cpu_m, memory_mi, gpus}}, got {raw!r}",
@@ -306,6 +365,7 @@ def _pinned_node(raw: dict[str, Any], node_settings: dict[str, Any], facts: dict
             "cluster_memory_mb": 0,
         },
         facts,
+        platform,
     )
     _require(node is not None, "workloads_placement needs workloads_cluster k3s, not none")
     return node
@@ -353,7 +413,8 @@ def _size(apps, node, serve_size, processes, train_gpus, gpu, profile, key, sett
         not short,
         f"profile {profile}: {', '.join(apps)} cannot all fit on {where}: it can allocate {node['cpu_m']}m CPU, "
         f"{node['memory_mi']}Mi memory and {node.get('gpus', 0)} GPU(s) after the cluster's own pods "
-        f"(facts/cluster.yml), the pods need {', '.join(needs)}; short by {', '.join(short)}. Give the host more "
+        f"(facts/cluster.yml) and the platform's ({_platform_pods(node)}), the pods need {', '.join(needs)}; "
+        f"short by {', '.join(short)}. Give the host more "
         "(gpu_profile.host_vcpus/host_memory_gb, cluster_cpus/cluster_memory_mb) or run less "
         "(gpu_profile.workloads).",
     )
@@ -364,6 +425,11 @@ def _size(apps, node, serve_size, processes, train_gpus, gpu, profile, key, sett
         }
         for app, size in sized.items()
     }
+
+
+def _platform_pods(node: dict[str, Any]) -> str:
+    pods = [f"{name} {pod['cpu_m']}m/{pod['memory_mi']}Mi" for name, pod in node["reserved"].items() if "/" in name]
+    return ", ".join(pods) or "none"
 
 
 # Where each app's pod template lives, for the patches.
@@ -516,7 +582,7 @@ def site_kustomization(settings: dict[str, Any]) -> dict[str, Any]:
     synthetic dataset and short training),
     config ({app: {ENV: value}}), shm_size, storage_class (None keeps the overlay's), static_volumes, nfs
     ({server, paths, mount_options}: both volumes on an NFS export, see nfs_patches), s3 ({output, endpoint, serve,
-    secret}: checkpoints and results in S3, see s3_config), ingress,
+    secret, region}: checkpoints and results in S3, see s3_config), ingress, client_public (login and TLS),
     gpu_sharing, train, checkpoint_url and checkpoint_sha256 (a checkpoint fetched into the output volume for
     inference), image_tag and image_registry (every image), images (per image, winning: {name: {name, tag}} or the
     images stage's {app: 'name:tag'}).
@@ -548,6 +614,10 @@ def site_kustomization(settings: dict[str, Any]) -> dict[str, Any]:
         components.append(f"{root}/components/demo")
     if settings.get("ingress"):
         components.append(f"{root}/components/ingress")
+    # A client published beyond loopback (dinops_publish_address) logs users in and serves TLS: the Secret
+    # dinops-client-auth as files and the settings that make the client require them (k8s/components/client-auth).
+    if settings.get("client_public") and apps["client"]:
+        components.append(f"{root}/{CLIENT_AUTH_COMPONENT}")
     nfs = settings.get("nfs") or {}
     if nfs.get("server"):
         _require(
@@ -574,6 +644,10 @@ def site_kustomization(settings: dict[str, Any]) -> dict[str, Any]:
         config.setdefault(app, {}).update(values)
     if s3.get("secret"):
         components.append(f"{root}/{S3_COMPONENT}")
+    # Inference loading its checkpoint from S3 reaches beyond the cluster; its NetworkPolicy allows only the client in
+    # and DNS out otherwise (k8s/base/networkpolicy-serve.yaml).
+    if s3.get("serve"):
+        components.append(f"{root}/{S3_POLICY_COMPONENT}")
     checkpoint_url = settings.get("checkpoint_url") or ""
     if checkpoint_url:
         digest = str(settings.get("checkpoint_sha256") or "")
@@ -674,7 +748,8 @@ def s3_config(s3: dict[str, Any]) -> dict[str, dict[str, str]]:
 
     ``s3`` keys: output (workloads_s3_output: s3://bucket/prefix, empty = off), endpoint (workloads_s3_endpoint:
     http(s) URL of an S3-compatible service, empty = AWS), serve (workloads_s3_serve: inference loads the latest
-    checkpoint published there instead of the output volume's) and secret (the pods get the Secret dinops-s3).
+    checkpoint published there instead of the output volume's), region (workloads_s3_region, optional) and secret
+    (the pods get the Secret dinops-s3).
     """
     output = str(s3.get("output") or "").strip()
     endpoint = str(s3.get("endpoint") or "").strip()
@@ -698,20 +773,36 @@ def s3_config(s3: dict[str, Any]) -> dict[str, dict[str, str]]:
     if endpoint:
         for values in config.values():
             values["DINO_S3_ENDPOINT"] = endpoint
+    region = str(s3.get("region") or "").strip()
+    if region:
+        # Not a secret: the region is a setting (boto3's AWS_DEFAULT_REGION), the Secret holds the credentials only.
+        _require(bool(re.match(r"^[a-z0-9-]+$", region)), f"workloads_s3_region must be a region name, got {region!r}")
+        for values in config.values():
+            values["AWS_DEFAULT_REGION"] = region
     return config
 
 
-def env_file(data: dict[str, Any]) -> str:
-    """KEY=value lines of an env file (Docker's --env-file: one variable per line, the value taken as it is, no
-    quoting: https://docs.docker.com/reference/cli/docker/container/run/#env). The values are never in messages."""
-    lines = []
-    for key, value in sorted((data or {}).items()):
-        _require(bool(re.match(r"^[A-Z_][A-Z0-9_]*$", str(key))), f"env file: {key!r} is not a variable name")
-        text = str(value)
+# The keys of an AWS shared credentials file the workloads role writes (botocore reads aws_access_key_id,
+# aws_secret_access_key and aws_session_token from a profile of that file: https://docs.aws.amazon.com/sdkref/latest/
+# guide/file-format.html and https://boto3.amazonaws.com/v1/documentation/api/latest/guide/credentials.html).
+AWS_CREDENTIALS_KEYS = ("aws_access_key_id", "aws_secret_access_key", "aws_session_token")
+
+
+def aws_credentials_file(values: dict[str, Any]) -> str:
+    """The [default] profile of an AWS shared credentials file (INI): the key `credentials` of the Secret dinops-s3.
+    Empty keys are left out; a value is one line without surrounding blanks. The values are never in messages."""
+    lines = ["[default]"]
+    for key, value in (values or {}).items():
+        _require(
+            key in AWS_CREDENTIALS_KEYS, f"AWS credentials: {key!r} is not one of {', '.join(AWS_CREDENTIALS_KEYS)}"
+        )
+        text = str(value or "")
         _require("\n" not in text and "\r" not in text and text == text.strip(),
-                 f"env file: the value of {key} must be one line without surrounding blanks")  # fmt: skip
-        lines.append(f"{key}={text}")
-    return "".join(line + "\n" for line in lines)
+                 f"AWS credentials: the value of {key} must be one line without surrounding blanks")  # fmt: skip
+        if text:
+            lines.append(f"{key} = {text}")
+    _require(len(lines) > 1, "AWS credentials: no value given")
+    return "\n".join(lines) + "\n"
 
 
 def _is_address(text: str) -> bool:
@@ -897,7 +988,7 @@ class FilterModule:
         return {
             "dinops_job_outcome": job_outcome,
             "dinops_site_kustomization": site_kustomization,
-            "dinops_env_file": env_file,
+            "dinops_aws_credentials_file": aws_credentials_file,
             "dinops_site_plan": site_plan,
             "dinops_node_allocatable": node_allocatable,
             "dinops_prepare_objects": prepare_objects,
