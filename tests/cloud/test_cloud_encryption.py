@@ -50,3 +50,32 @@ def test_root_and_data_volumes_are_encrypted(moto, public_key, tmp_path, key):
         )
         assert down.returncode == 0, down.stdout[-3000:] + down.stderr[-3000:]
         assert deployment_instances(moto, deployment) == []
+
+
+@pytest.mark.parametrize("profile", ["", "dinops-s3"])
+def test_imdsv2_reaches_the_docker_runtimes_containers_only_with_an_instance_role(moto, public_key, tmp_path, profile):
+    """round2-data-runtime-security finding 23: containers on the Docker bridge are a hop further than the host, so
+    with an instance role the token's hop limit is 2 (IMDSv2 still required); without one it stays 1."""
+    deployment = f"imds-{profile or 'none'}"
+    variables = {
+        **base_vars(moto, public_key, deployment),
+        "cloud_machines_list": [{"name": "infer", "profile": "t4", "data_volume_gb": 20}],
+    }
+    if profile:
+        moto.client("iam").create_instance_profile(InstanceProfileName=profile)
+        variables["cloud_aws_instance_profile"] = profile
+    try:
+        result = run_playbook("cloud_up.yml", variables, aws_env(moto), tmp_path)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        (instance,) = deployment_instances(moto, deployment)
+        options = instance["MetadataOptions"]
+        assert options["HttpTokens"] == "required"
+        assert options["HttpPutResponseHopLimit"] == (2 if profile else 1)
+    finally:
+        down = run_playbook(
+            "cloud_down.yml",
+            {**variables, "cloud_aws_down_confirmed": True, "cloud_aws_down_delete_data": True},
+            aws_env(moto),
+            tmp_path,
+        )
+        assert down.returncode == 0, down.stdout[-3000:] + down.stderr[-3000:]
