@@ -179,10 +179,15 @@ def test_device_follows_the_overlay(rendered, overlay, device):
         assert container_env(rendered[overlay], pod_spec(obj)["containers"][0])["DINO_DEVICE"] == device
 
 
+# Read by the process itself, not the app: glibc's malloc arena count (glibc manual, "Memory Allocation Tunables":
+# MALLOC_ARENA_MAX sets glibc.malloc.arena_max), for serve's decode threads (docs/api.md).
+PROCESS_ENV = {"dinops-serve": {"MALLOC_ARENA_MAX"}}
+
+
 @pytest.mark.parametrize("image", sorted(APP_SETTINGS))
 def test_every_env_name_is_one_the_app_declares(rendered, image):
     """A name the app does not read would be silently ignored (the original's checkpoint variable was)."""
-    known = env_names(importlib.import_module(APP_SETTINGS[image]).SETTINGS)
+    known = env_names(importlib.import_module(APP_SETTINGS[image]).SETTINGS) | PROCESS_ENV.get(image, set())
     for overlay, objects in rendered.items():
         for obj in workloads(objects):
             for container in containers(obj):
