@@ -22,10 +22,8 @@ fails unless the same worker is alive at the end. A benchmark, not a test: the f
 from __future__ import annotations
 
 import argparse
-import base64
 import collections
 import io
-import json
 import random
 import struct
 import sys
@@ -38,7 +36,16 @@ import numpy as np
 import requests
 from PIL import Image
 
-from dinops.serve.testing import WorkerMemory, children, free_port, noise_jpeg, running, write_small_checkpoint
+from dinops.serve.testing import (
+    WorkerMemory,
+    children,
+    free_port,
+    kserve_v1_body,
+    noise_jpeg,
+    oip_v2_binary_body,
+    running,
+    write_small_checkpoint,
+)
 
 MIB = 2**20
 
@@ -60,19 +67,6 @@ def _header_bomb(width: int, height: int) -> bytes:
     return bytes(data)
 
 
-def _kserve(images: list[bytes]) -> dict:
-    return {"json": {"instances": [{"image": {"b64": base64.b64encode(image).decode()}} for image in images]}}
-
-
-def _v2_binary(images: list[bytes]) -> dict:
-    tensor = b"".join(struct.pack("<I", len(image)) + image for image in images)
-    head = {"inputs": [{"name": "image", "shape": [len(images)], "datatype": "BYTES"}]}
-    head["inputs"][0]["parameters"] = {"binary_data_size": len(tensor)}
-    text = json.dumps(head).encode()
-    headers = {"Inference-Header-Content-Length": str(len(text)), "Content-Type": "application/octet-stream"}
-    return {"data": text + tensor, "headers": headers}
-
-
 def load() -> list[tuple[str, str, dict]]:
     """(kind, path, requests.post keyword arguments) of one round."""
     png = {"Content-Type": "image/png"}
@@ -89,9 +83,9 @@ def load() -> list[tuple[str, str, dict]]:
     items += [
         ("heavy: 16-bit 5000x5000", "/v1/detect", {"data": deep, "headers": png}),
         ("heavy: RGB 5000x5000", "/v1/detect", {"data": wide, "headers": png}),
-        ("heavy: KServe V1, 4 x 16-bit", "/v1/models/dino:predict", _kserve([deep] * 4)),
-        ("heavy: OIP V2, 4 x RGB", "/v2/models/dino/infer", _v2_binary([wide] * 4)),
-        ("refused: 17 images", "/v1/models/dino:predict", _kserve([normal[0]] * 17)),
+        ("heavy: KServe V1, 4 x 16-bit", "/v1/models/dino:predict", kserve_v1_body([deep] * 4)),
+        ("heavy: OIP V2, 4 x RGB", "/v2/models/dino/infer", oip_v2_binary_body([wide] * 4)),
+        ("refused: 17 images", "/v1/models/dino:predict", kserve_v1_body([normal[0]] * 17)),
     ]
     items += [(kind, "/v1/detect", {"data": body, "headers": png}) for kind, body in refused.items()]
     return items

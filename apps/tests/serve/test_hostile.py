@@ -8,10 +8,7 @@ too many images whatever the protocol, and survive concurrent hostile requests w
 
 from __future__ import annotations
 
-import base64
 import io
-import json
-import struct
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -19,7 +16,16 @@ import pytest
 import requests
 from PIL import Image
 
-from dinops.serve.testing import WorkerMemory, children, free_port, noise_jpeg, running, write_small_checkpoint
+from dinops.serve.testing import (
+    WorkerMemory,
+    children,
+    free_port,
+    kserve_v1_body,
+    noise_jpeg,
+    oip_v2_binary_body,
+    running,
+    write_small_checkpoint,
+)
 
 MIB = 2**20
 # The limits are the defaults (DINO_MAX_IMAGE_MB 128, DINO_MAX_DECODED_MB 512, DINO_MAX_IMAGES_PER_REQUEST 16):
@@ -73,19 +79,6 @@ def sixteen_bit_zeros():
     return _png(Image.fromarray(np.zeros((6000, 6000), dtype=np.uint16)))
 
 
-def _kserve(images: list[bytes]) -> dict:
-    return {"json": {"instances": [{"image": {"b64": base64.b64encode(image).decode()}} for image in images]}}
-
-
-def _v2_binary(images: list[bytes]) -> dict:
-    tensor = b"".join(struct.pack("<I", len(image)) + image for image in images)
-    head = {"inputs": [{"name": "image", "shape": [len(images)], "datatype": "BYTES"}]}
-    head["inputs"][0]["parameters"] = {"binary_data_size": len(tensor)}
-    text = json.dumps(head).encode()
-    headers = {"Inference-Header-Content-Length": str(len(text)), "Content-Type": "application/octet-stream"}
-    return {"data": text + tensor, "headers": headers}
-
-
 def test_sixteen_bit_png_decodes_within_the_image_bound(server, worker, sixteen_bit_zeros):
     memory = WorkerMemory(worker, kill_above=WORKER_LIMIT).start()
     response = requests.post(server["url"] + "/v1/detect", data=sixteen_bit_zeros, headers=PNG, timeout=120)
@@ -113,9 +106,9 @@ def test_an_image_over_the_memory_bound_is_refused_before_decoding(server, worke
 def test_too_many_images_in_one_request_are_refused(server, worker, protocol):
     images = [noise_jpeg(i, (64, 48)) for i in range(17)]
     if protocol == "kserve_v1":
-        response = requests.post(server["url"] + "/v1/models/dino:predict", timeout=120, **_kserve(images))
+        response = requests.post(server["url"] + "/v1/models/dino:predict", timeout=120, **kserve_v1_body(images))
     else:
-        response = requests.post(server["url"] + "/v2/models/dino/infer", timeout=120, **_v2_binary(images))
+        response = requests.post(server["url"] + "/v2/models/dino/infer", timeout=120, **oip_v2_binary_body(images))
     assert response.status_code == 413, response.text[:300]
     answer = response.json()
     assert answer["code"] == "too_many_images"
@@ -125,7 +118,7 @@ def test_too_many_images_in_one_request_are_refused(server, worker, protocol):
 def test_concurrent_hostile_requests_leave_the_worker_alive(server, worker, sixteen_bit_zeros):
     """Four KServe requests of four 16-bit PNGs and four normal images at once: no 5xx, memory bounded."""
     url = server["url"]
-    hostile = [("/v1/models/dino:predict", _kserve([sixteen_bit_zeros] * 4)) for _ in range(4)]
+    hostile = [("/v1/models/dino:predict", kserve_v1_body([sixteen_bit_zeros] * 4)) for _ in range(4)]
     normal = [("/v1/detect", {"data": noise_jpeg(i), "headers": JPEG}) for i in range(4)]
     memory = WorkerMemory(worker, kill_above=WORKER_LIMIT).start()
 

@@ -7,9 +7,12 @@ deterministic for a seed.
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import json
 import os
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -189,3 +192,19 @@ class WorkerMemory:
         if self.killed_at is not None:
             return self.killed_at
         return _status(self.pid, "VmHWM") - self.baseline
+
+
+def kserve_v1_body(images: list[bytes]) -> dict:
+    """requests.post keyword arguments of a KServe V1 predict request carrying ``images`` (base64)."""
+    return {"json": {"instances": [{"image": {"b64": base64.b64encode(image).decode()}} for image in images]}}
+
+
+def oip_v2_binary_body(images: list[bytes]) -> dict:
+    """requests.post keyword arguments of an Open Inference Protocol V2 infer request carrying ``images`` as one
+    BYTES tensor in the binary extension (each element a 4-byte little-endian length, then its bytes)."""
+    tensor = b"".join(struct.pack("<I", len(image)) + image for image in images)
+    head = {"inputs": [{"name": "image", "shape": [len(images)], "datatype": "BYTES"}]}
+    head["inputs"][0]["parameters"] = {"binary_data_size": len(tensor)}
+    text = json.dumps(head).encode()
+    headers = {"Inference-Header-Content-Length": str(len(text)), "Content-Type": "application/octet-stream"}
+    return {"data": text + tensor, "headers": headers}
