@@ -4,6 +4,9 @@ volumes[].ebs.encrypted and kms_key_id, passed to RunInstances' BlockDeviceMappi
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import pytest
 from cloud.cloud_helpers import aws_env, base_vars, deployment_instances, run_playbook
 
@@ -23,24 +26,13 @@ def volumes_of(moto, deployment: str) -> dict[str, dict]:
     return found
 
 
-@pytest.mark.parametrize("key", [None, KEY])
-def test_root_and_data_volumes_are_encrypted(moto, public_key, tmp_path, key):
-    deployment = "encrypted-kms" if key else "encrypted"
-    variables = {
-        **base_vars(moto, public_key, deployment),
-        "cloud_machines_list": [{"name": "infer", "profile": "t4", "data_volume_gb": 20}],
-    }
-    if key:
-        variables["cloud_aws_kms_key_id"] = key
+@contextlib.contextmanager
+def launched(moto, variables: dict, deployment: str, tmp_path) -> Iterator[None]:
+    """cloud_up with ``variables``, then cloud_down deleting the data, which must leave no instance."""
     try:
         result = run_playbook("cloud_up.yml", variables, aws_env(moto), tmp_path)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-        volumes = volumes_of(moto, deployment)
-        assert sorted(volumes) == ["infer-data", "infer-root"]
-        for name, volume in volumes.items():
-            assert volume["Encrypted"] is True, name
-            if key:
-                assert volume["KmsKeyId"] == key, name
+        yield
     finally:
         down = run_playbook(
             "cloud_down.yml",
@@ -50,6 +42,24 @@ def test_root_and_data_volumes_are_encrypted(moto, public_key, tmp_path, key):
         )
         assert down.returncode == 0, down.stdout[-3000:] + down.stderr[-3000:]
         assert deployment_instances(moto, deployment) == []
+
+
+@pytest.mark.parametrize("key", [None, KEY])
+def test_root_and_data_volumes_are_encrypted(moto, public_key, tmp_path, key):
+    deployment = "encrypted-kms" if key else "encrypted"
+    variables = {
+        **base_vars(moto, public_key, deployment),
+        "cloud_machines_list": [{"name": "infer", "profile": "t4", "data_volume_gb": 20}],
+    }
+    if key:
+        variables["cloud_aws_kms_key_id"] = key
+    with launched(moto, variables, deployment, tmp_path):
+        volumes = volumes_of(moto, deployment)
+        assert sorted(volumes) == ["infer-data", "infer-root"]
+        for name, volume in volumes.items():
+            assert volume["Encrypted"] is True, name
+            if key:
+                assert volume["KmsKeyId"] == key, name
 
 
 @pytest.mark.parametrize("profile", ["", "dinops-s3"])
@@ -64,18 +74,8 @@ def test_imdsv2_reaches_the_docker_runtimes_containers_only_with_an_instance_rol
     if profile:
         moto.client("iam").create_instance_profile(InstanceProfileName=profile)
         variables["cloud_aws_instance_profile"] = profile
-    try:
-        result = run_playbook("cloud_up.yml", variables, aws_env(moto), tmp_path)
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    with launched(moto, variables, deployment, tmp_path):
         (instance,) = deployment_instances(moto, deployment)
         options = instance["MetadataOptions"]
         assert options["HttpTokens"] == "required"
         assert options["HttpPutResponseHopLimit"] == (2 if profile else 1)
-    finally:
-        down = run_playbook(
-            "cloud_down.yml",
-            {**variables, "cloud_aws_down_confirmed": True, "cloud_aws_down_delete_data": True},
-            aws_env(moto),
-            tmp_path,
-        )
-        assert down.returncode == 0, down.stdout[-3000:] + down.stderr[-3000:]
