@@ -9,7 +9,7 @@ jobs=${MOLECULE_JOBS:-3}
 logs=artifacts/molecule
 mkdir -p "$logs"
 # The longest scenarios start first, so that the stage ends when they do rather than after them (images builds the
-# downloader image inside Docker-in-Docker on vfs: about 12 minutes; docker and nvidia_container_toolkit next).
+# downloader image inside Docker-in-Docker: about 9 minutes under load; docker and nvidia_container_toolkit next).
 longest_first=(images nvidia_container_toolkit docker)
 if [ $# -eq 0 ]; then
   set -- $( (printf '%s\n' "${longest_first[@]}"; for f in molecule/*/molecule.yml; do basename "$(dirname "$f")"; done) |
