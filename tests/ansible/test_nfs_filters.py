@@ -122,7 +122,14 @@ EXT4 = "DEVNAME=/dev/vdb\nUUID=129d4a64-4dd2-45d7-9070-6851d8732bbb\nVERSION=1.0
 
 
 def test_an_empty_disk_is_formatted():
-    assert server.dinops_nfs_disk_plan(2, "", "/dev/vdb", "ext4") == {"action": "format", "uuid": ""}
+    assert server.dinops_nfs_disk_plan(2, "", "/dev/vdb", "ext4", True) == {"action": "format", "uuid": ""}
+
+
+@pytest.mark.parametrize("head_blank", [False, None])
+def test_no_signature_but_bytes_in_the_first_mib_is_refused(head_blank):
+    """blkid names only what it knows: a damaged superblock reads as no signature (finding 14)."""
+    with pytest.raises(AnsibleFilterError, match="first MiB is not blank.*Refusing to format.*Nothing was changed"):
+        server.dinops_nfs_disk_plan(2, "", "/dev/vdb", "ext4", head_blank)
 
 
 def test_a_disk_with_the_asked_filesystem_is_kept_with_its_uuid():
@@ -147,6 +154,28 @@ def test_anything_else_is_refused_and_named(rc, stdout, message):
     with pytest.raises(AnsibleFilterError, match=message) as error:
         server.dinops_nfs_disk_plan(rc, stdout, "/dev/vdb", "ext4")
     assert "nfs_server_data_device /dev/vdb" in str(error.value)
+
+
+@pytest.mark.parametrize("device", ["/dev/nvme1n1", "/dev/sdb", "/dev/xvdf", "/dev/vdb", "/dev/nvme0n1p2", "/dev/sdc1"])
+def test_a_kernel_disk_name_is_refused(device):
+    """Finding 16: kernel names follow probe order; on Nitro /dev/nvme1n1 can be a blank instance-store disk."""
+    problem = server.dinops_nfs_data_device_problem(device)
+    assert f"nfs_server_data_device {device} is a kernel name" in problem and "/dev/disk/by-id/" in problem
+
+
+@pytest.mark.parametrize(
+    "device",
+    [
+        "/dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_vol0123456789abcdef0",
+        "/dev/disk/by-uuid/129d4a64-4dd2-45d7-9070-6851d8732bbb",
+        "/dev/disk/by-path/pci-0000:00:1f.0-nvme-1",
+        "/dev/mapper/data-nfs",
+        "/var/lib/dinops-molecule/data.img",
+        "",
+    ],
+)
+def test_a_stable_disk_path_is_accepted(device):
+    assert server.dinops_nfs_data_device_problem(device) == ""
 
 
 # --- client mounts ------------------------------------------------------------------------------------------------

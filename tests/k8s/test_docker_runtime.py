@@ -93,8 +93,10 @@ def test_each_workload_runs_the_same_in_docker(layers, variant):
                 assert {"name": secret, "path": f"/var/lib/dinops/volumes/.secrets/{secret}", "owner": 10001} in (
                     plan["secrets"]
                 ), where
-            else:
+            elif (volume["emptyDir"] or {}).get("medium") == "Memory":
                 expected[mount["mountPath"]] = ("tmpfs", None, False)
+            else:  # on the node's disk, as on Kubernetes: not in RAM inside the memory limit
+                expected[mount["mountPath"]] = ("volume", None, False)
         mounts = {m["target"]: (m["type"], m.get("source"), bool(m.get("read_only"))) for m in got["mounts"]}
         assert mounts == expected, where
         # Resources: limits, GPUs, and requests as weight and reservation.
@@ -117,9 +119,10 @@ def test_each_workload_runs_the_same_in_docker(layers, variant):
         else:
             assert got["restart_policy"] == "unless-stopped", where
         assert got["stop_timeout"] == pod.get("terminationGracePeriodSeconds", 30), where
-        probe = main.get("readinessProbe")
-        if probe:
-            assert probe["httpGet"]["path"] in got["healthcheck"]["test"][-1], where
+        # Docker's one health check GETs the readiness and the liveness endpoints.
+        for probe in (main.get("readinessProbe"), main.get("livenessProbe")):
+            if probe:
+                assert f"{probe['httpGet']['path']}'" in got["healthcheck"]["test"][-1], where
         assert got["labels"]["dinops.io/kind"] == obj["kind"], where
         assert len(got["labels"]["dinops.io/template-sha256"]) == 64, where
 

@@ -25,7 +25,23 @@ from k8s.k8s_render import (
 )
 
 filters = load_workloads_filters()
-CLAIMS = {"dinops-dataset": "dinops-dataset-nfs", "dinops-output": "dinops-output-nfs"}
+# claim -> the name its NFS volume starts with (the rest derives from the source: test_nfs_volumes.py).
+CLAIMS = {"dinops-dataset": "dinops-dataset-nfs-", "dinops-output": "dinops-output-nfs-"}
+
+
+def nfs_volume(objects: list[dict], claim: str) -> dict:
+    """The rendered NFS volume of a claim, found by the label the claim selects and named by the claim's
+    volumeName."""
+    volumes = [
+        o for o in objects
+        if o["kind"] == "PersistentVolume" and o["metadata"]["labels"].get("app.kubernetes.io/name") == claim
+    ]  # fmt: skip
+    assert len(volumes) == 1, volumes
+    assert volumes[0]["metadata"]["name"].startswith(CLAIMS[claim])
+    assert find(objects, "PersistentVolumeClaim", claim)["spec"]["volumeName"] == volumes[0]["metadata"]["name"]
+    return volumes[0]
+
+
 NFS = sorted(name for name in MULTINODE_VARIANTS if name.endswith("-nfs"))
 CLASS = sorted(name for name in MULTINODE_VARIANTS if name.endswith("-class"))
 
@@ -33,9 +49,9 @@ CLASS = sorted(name for name in MULTINODE_VARIANTS if name.endswith("-class"))
 @pytest.mark.parametrize("name", NFS)
 def test_nfs_volumes_are_shared_by_every_node(rendered_sites, name):
     objects = rendered_sites[name]
-    for claim, volume in CLAIMS.items():
+    for claim in CLAIMS:
         pvc = find(objects, "PersistentVolumeClaim", claim)["spec"]
-        pv = find(objects, "PersistentVolume", volume)
+        pv = nfs_volume(objects, claim)
         assert pvc["accessModes"] == ["ReadWriteMany"] and pv["spec"]["accessModes"] == ["ReadWriteMany"]
         # Bound by label to this volume only, with no class (a provisioner would create a node-local one).
         assert pvc["storageClassName"] == "" and pv["spec"]["storageClassName"] == ""
@@ -100,7 +116,7 @@ def test_one_k3s_host_with_a_data_server_keeps_its_data_there(tmp_path):
         tmp_path,
         {"overlay": "k3s-gpu", "train": True, "shm_size": "2Gi", "nfs": {**NFS_SETTINGS, "mount_options": []}},
     )
-    pv = find(objects, "PersistentVolume", "dinops-output-nfs")
+    pv = nfs_volume(objects, "dinops-output")
     assert "mountOptions" not in pv["spec"] and pv["spec"]["nfs"]["server"] == "10.0.1.5"
     assert find(objects, "PersistentVolumeClaim", "dinops-output")["spec"]["accessModes"] == ["ReadWriteMany"]
 

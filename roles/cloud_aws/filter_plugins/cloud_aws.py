@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
+from functools import cache
+from pathlib import Path
 from typing import Any
 
 # SSH from a network wider than a /8 (16.7 million addresses) is refused unless cloud_aws_ssh_open_world says so.
@@ -142,6 +145,25 @@ def cloud_aws_data_device(volume_id: str) -> str:
     return NVME_EBS_BY_ID + volume_id.replace("-", "", 1)
 
 
+@cache
+def _nfs_server_filters():
+    """The nfs_server role's filters, read from their file: one data-disk plan for both roles (Ansible gives a role
+    only its own filter_plugins, and both roles live in this repository's roles/)."""
+    path = Path(__file__).resolve().parents[2] / "nfs_server" / "filter_plugins" / "nfs_server.py"
+    spec = importlib.util.spec_from_file_location("dinops_nfs_server_filters", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def cloud_aws_data_volume_plan(blkid_rc: Any, blkid_stdout: str, device: str, fstype: str, head_blank: Any) -> dict:
+    """Format the data volume or keep it: the nfs_server role's plan (never format a volume that holds anything,
+    roles/nfs_server/filter_plugins/nfs_server.py dinops_nfs_disk_plan), its messages naming this role's variables."""
+    return _nfs_server_filters().dinops_nfs_disk_plan(
+        blkid_rc, blkid_stdout, device, fstype, head_blank, "cloud_aws_data_device", "cloud_aws_data_filesystem"
+    )
+
+
 def cloud_aws_ssh_cidr_problem(cidr: Any, open_world: Any) -> str:
     """Why ``cloud_aws_ssh_cidr`` is refused, or "" when it is fine: not an IPv4 CIDR, or wider than a /8 without
     ``cloud_aws_ssh_open_world``."""
@@ -174,6 +196,7 @@ class FilterModule:
             "cloud_aws_host_groups": cloud_aws_host_groups,
             "cloud_aws_down_selection": cloud_aws_down_selection,
             "cloud_aws_data_device": cloud_aws_data_device,
+            "cloud_aws_data_volume_plan": cloud_aws_data_volume_plan,
             "cloud_aws_launched": cloud_aws_launched,
             "cloud_aws_with_volumes": cloud_aws_with_volumes,
             "cloud_aws_ssh_cidr_problem": cloud_aws_ssh_cidr_problem,

@@ -219,17 +219,55 @@ def _blkid_fields(stdout: str) -> dict[str, str]:
     return fields
 
 
-def dinops_nfs_disk_plan(blkid_rc: Any, blkid_stdout: str, device: str, fstype: str) -> dict[str, str]:
+# Kernel names follow probe order: on a cloud instance /dev/nvme1n1 may be an instance-store disk (m5d, c6id, ...)
+# or another blank EBS volume, and a blank disk is what this role formats.
+KERNEL_DISK_NAME = re.compile(r"^/dev/(sd[a-z]+|xvd[a-z]+|vd[a-z]+|hd[a-z]+|nvme[0-9]+n[0-9]+)(p?[0-9]+)?$")
+
+
+def dinops_nfs_data_device_problem(device: Any) -> str:
+    """Why ``nfs_server_data_device`` cannot be used ("" when it can): a kernel name such as /dev/nvme1n1 or
+    /dev/sdb names whichever disk the kernel found in that place at this boot."""
+    text = str(device or "").strip()
+    if KERNEL_DISK_NAME.match(text):
+        return (
+            f"nfs_server_data_device {text} is a kernel name, which follows the order the disks were found in: on a "
+            "cloud instance it can name an instance-store disk or another blank volume, and a blank disk is what "
+            "this role formats. Give a stable path: /dev/disk/by-id/... (on EC2 Nitro: "
+            "/dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_vol<volume id without its dash>), /dev/disk/by-uuid/, "
+            "/dev/disk/by-path/ or /dev/mapper/... (ls -l /dev/disk/by-id/ shows them). Nothing was changed."
+        )
+    return ""
+
+
+def dinops_nfs_disk_plan(
+    blkid_rc: Any,
+    blkid_stdout: str,
+    device: str,
+    fstype: str,
+    head_blank: Any = False,
+    setting: str = "nfs_server_data_device",
+    fstype_setting: str = "nfs_server_data_fstype",
+) -> dict[str, str]:
     """Format the data disk or keep it, from ``blkid -p -o export <device>``: never reformat.
 
-    Returns {"action": "format"} for a device with no signature at all (blkid exit 2), {"action": "keep",
-    "uuid": ...} for one that already holds ``fstype``. Anything else (another filesystem, a partition table, RAID
-    or LVM member, an ambivalent probe) stops the run: the disk may hold someone's data.
+    Returns {"action": "format"} only for a device with no signature at all (blkid exit 2) whose first MiB is all
+    zeros (``head_blank``: ``cmp --bytes=1048576 <device> /dev/zero`` exited 0), as a new volume is; {"action":
+    "keep", "uuid": ...} for one that already holds ``fstype``. Anything else (another filesystem, a partition
+    table, RAID or LVM member, an ambivalent probe, or bytes blkid cannot name: a damaged superblock, data written
+    without a filesystem) stops the run: the disk may hold someone's data. ``setting`` and ``fstype_setting`` name
+    the variables that gave the device and the filesystem (this role's, or cloud_aws') in the messages.
     """
-    setting = "nfs_server_data_device"
     rc = int(blkid_rc)
     if rc == 2:
-        return {"action": "format", "uuid": ""}
+        if head_blank is True:
+            return {"action": "format", "uuid": ""}
+        raise AnsibleFilterError(
+            f"{setting} {device}: no signature blkid knows, but its first MiB is not blank: it may hold a filesystem "
+            f"whose superblock is damaged (try fsck -b with a backup superblock, or restore the volume from a "
+            f"snapshot) or data written without a filesystem. Refusing to format it; if its data is not needed, "
+            f"zero it yourself (blkdiscard {device}, or dd if=/dev/zero of={device} bs=1M count=1) and run again. "
+            "Nothing was changed."
+        )
     if rc == 8:
         raise AnsibleFilterError(
             f"{setting} {device}: blkid found several colliding signatures; inspect it with wipefs {device} "
@@ -245,10 +283,10 @@ def dinops_nfs_disk_plan(blkid_rc: Any, blkid_stdout: str, device: str, fstype: 
             f"wipe the disk yourself (wipefs -a {device}) if its data is not needed. Nothing was changed."
         )
     if found != fstype:
-        keep = f"set nfs_server_data_fstype: {found} to keep its data, or " if found in SUPPORTED_FSTYPES else ""
+        keep = f"set {fstype_setting}: {found} to keep its data, or " if found in SUPPORTED_FSTYPES else ""
         raise AnsibleFilterError(
             f"{setting} {device} already holds {found or 'an unknown signature'} (blkid), not "
-            f"nfs_server_data_fstype {fstype}: refusing to reformat it; {keep}wipe it yourself (wipefs -a {device}) "
+            f"{fstype_setting} {fstype}: refusing to reformat it; {keep}wipe it yourself (wipefs -a {device}) "
             "if its data is not needed. Nothing was changed."
         )
     if not fields.get("UUID"):
@@ -279,5 +317,6 @@ class FilterModule:
             "dinops_nfs_export_lines": dinops_nfs_export_lines,
             "dinops_nfs_ufw_sources": dinops_nfs_ufw_sources,
             "dinops_nfs_disk_plan": dinops_nfs_disk_plan,
+            "dinops_nfs_data_device_problem": dinops_nfs_data_device_problem,
             "dinops_nfs_rpc_units": dinops_nfs_rpc_units,
         }

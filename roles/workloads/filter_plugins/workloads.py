@@ -814,7 +814,8 @@ def _is_address(text: str) -> bool:
 
 
 def nfs_patches(nfs: dict[str, Any]) -> list[dict[str, Any]]:
-    """The generated layer's patches of the NFS volumes: server, exported path per claim and mount options.
+    """The generated layer's patches of the NFS volumes: name (nfs_volume_name), server, exported path per claim and
+    mount options, and each claim's volumeName.
 
     ``nfs`` keys: server (workloads_nfs_server: DNS name or address, no scheme, no port: NFSv4 uses 2049/tcp),
     paths ({dataset, output}: absolute exported paths, workloads_nfs_paths) and mount_options (a list, one option
@@ -848,7 +849,9 @@ def nfs_patches(nfs: dict[str, Any]) -> list[dict[str, Any]]:
     )
     patches = []
     for claim, volume in NFS_VOLUMES.items():
+        name = nfs_volume_name(claim, server, str(paths[claim]), options)
         ops = [
+            {"op": "replace", "path": "/metadata/name", "value": name},
             {"op": "replace", "path": "/spec/nfs/server", "value": server},
             {"op": "replace", "path": "/spec/nfs/path", "value": str(paths[claim])},
             {"op": "replace", "path": "/spec/mountOptions", "value": list(options)},
@@ -856,7 +859,21 @@ def nfs_patches(nfs: dict[str, Any]) -> list[dict[str, Any]]:
         if not options:
             ops[-1] = {"op": "remove", "path": "/spec/mountOptions"}
         patches.append({"target": {"kind": "PersistentVolume", "name": volume}, "patch": json.dumps(ops)})
+        # The claim binds exactly this volume, never a leftover of the same labels (tasks/volumes.yml removes those).
+        bind = [{"op": "add", "path": "/spec/volumeName", "value": name}]
+        patches.append(
+            {"target": {"kind": "PersistentVolumeClaim", "name": f"dinops-{claim}"}, "patch": json.dumps(bind)}
+        )
     return patches
+
+
+def nfs_volume_name(claim: str, server: str, path: str, options: list[str]) -> str:
+    """The NFS volume's name, derived from what its source says: a PersistentVolume's source is immutable
+    ("spec.persistentvolumesource is immutable after creation", Kubernetes ValidatePersistentVolumeUpdate), so a
+    new server address (a replaced data server), path or mount options make a new volume, and the role re-binds the
+    claim to it (tasks/volumes.yml) instead of failing the apply or leaving pods on the dead address."""
+    source = "\n".join([server, path.rstrip("/") or "/", ",".join(options)])
+    return f"{NFS_VOLUMES[claim]}-{hashlib.sha256(source.encode()).hexdigest()[:10]}"
 
 
 def _namespace(name: str) -> str:
