@@ -16,7 +16,7 @@ MOLECULE_SCENARIOS ?=
 PYTEST_ARGS ?=
 
 .PHONY: verify help up test setup setup-controller venv venv-controller collections docker molecule-image \
-	lint molecule pytest images browser gpu-rehearsal newcomer bench syntax clean
+	lint molecule pytest images browser gpu-rehearsal newcomer bench gpu-bench syntax clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -83,7 +83,7 @@ molecule: $(VENV)/.dev ## Every Molecule scenario: converge, idempotence (change
 # started server) are made once, and the tests pick free ports and their own temporary directories.
 PYTEST_WORKERS ?= $(shell nproc)
 pytest: $(VENV)/.dev ## Python tests: the apps, the Ansible plugins, inventories and manifests (PYTEST_WORKERS at a time)
-	python -m pytest -m "not browser and not images and not newcomer and not rehearsal" --numprocesses=$(PYTEST_WORKERS) --dist=loadfile \
+	python -m pytest -m "not browser and not images and not newcomer and not rehearsal" --numprocesses=$(PYTEST_WORKERS) --dist=loadfile --durations=25 \
 	  $(PYTEST_ARGS)
 
 images: $(VENV)/.dev docker ## Build every container image (air-gapped mode) and run it
@@ -103,6 +103,11 @@ newcomer: $(VENV)/.dev ## make up from a fresh clone with no venv and no Docker 
 bench: $(VENV)/.dev ## Benchmarks that print figures (model vs official, precision, training, serving, downloader, images, clone to first detection)
 	@scripts/system-packages.sh bench
 	@for b in apps/bench/bench_*.py; do echo "=== $$b"; python $$b || exit 1; done
+
+# Runs with the machine's own torch and Triton (no venv, nothing compiled): our package from the tree; the official
+# checkout, when given by DINO_OFFICIAL_SRC, for the ratio to its CUDA op. Under 8 minutes on one H100 or H200.
+gpu-bench: ## Fused vs pure deformable attention on this machine's GPU: training, inference, kernel (docs/model.md)
+	PYTHONPATH=$(CURDIR)/apps/src$${PYTHONPATH:+:$$PYTHONPATH} python3 apps/bench/gpu_bench.py
 
 clean: ## Remove caches (keeps the venv)
 	rm -rf .cache .pytest_cache .ruff_cache artifacts

@@ -5,7 +5,7 @@ set -euo pipefail
 purpose=${1:?usage: system-packages.sh controller|test|bench}
 case $purpose in
   controller) wanted=(python3-venv git) ;;
-  test) wanted=(python3-venv git docker.io debootstrap debian-archive-keyring gnupg chromium openssh-client rsync) ;;
+  test) wanted=(python3-venv git docker.io debootstrap debian-archive-keyring gnupg chromium openssh-client rsync prometheus) ;;
   bench) wanted=(hey) ;;
   *) echo "unknown purpose $purpose" >&2; exit 2 ;;
 esac

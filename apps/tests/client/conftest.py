@@ -15,6 +15,8 @@ from werkzeug.serving import make_server
 
 from dinops.client.app import create_app
 
+CHROMIUM = Path("/usr/bin/chromium")
+
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "browser: drives a real headless Chromium (its own CI stage)")
@@ -26,6 +28,8 @@ class FakeApi:
     def __init__(self) -> None:
         self.reply: dict = {}
         self.ready_reply: dict = {}  # what /readyz answers: {"status": 503, "json": {...}}; empty: 200 ready
+        self.training_reply: dict = {}  # what /v1/training answers: {"status": ..., "json": ... or "raw": ...}
+        self.training_auth: list[str | None] = []  # the Authorization header of each /v1/training request
         self.received: list[dict] = []
         app = Flask("fake_api")
 
@@ -43,6 +47,16 @@ class FakeApi:
             response = jsonify(self.reply.get("json", {}))
             response.status_code = status
             response.headers.update(self.reply.get("headers", {}))
+            return response
+
+        @app.get("/v1/training")
+        def training():
+            self.training_auth.append(request.headers.get("Authorization"))
+            status = self.training_reply.get("status", 200)
+            if "raw" in self.training_reply:
+                return self.training_reply["raw"], status, {"Content-Type": "text/html"}
+            response = jsonify(self.training_reply.get("json", {"state": "not_started", "served": None}))
+            response.status_code = status
             return response
 
         @app.get("/readyz")
@@ -66,6 +80,7 @@ def _fake_api():
 @pytest.fixture
 def fake_api(_fake_api):
     _fake_api.reply, _fake_api.received, _fake_api.ready_reply = {}, [], {}
+    _fake_api.training_reply, _fake_api.training_auth = {}, []
     return _fake_api
 
 
@@ -123,3 +138,17 @@ def make_tls_pair():
 @pytest.fixture
 def tls_pair(tmp_path):
     return write_self_signed(tmp_path / "tls")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not CHROMIUM.exists():
+        pytest.fail("the browser test needs Debian's chromium: apt-get install -y chromium")
+    from playwright.sync_api import sync_playwright
+
+    args = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync"]  # fmt: skip
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=args)
+        yield browser
+        browser.close()

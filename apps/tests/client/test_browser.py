@@ -18,7 +18,6 @@ from dinops.serve.testing import free_port, running, write_small_checkpoint
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parents[3] / "artifacts"
 XSS = "<img src=x onerror=\"document.title='pwned'\">"
 PALETTE = ["#e6194b", "#3cb44b", "#4363d8", "#f58231", "#911eb4", "#42d4f4", "#f032e6", "#9a6324"]
@@ -92,20 +91,6 @@ def stack(tmp_path_factory):
         running("client", client_env, f"http://{client}", root / "client.log"),
     ):
         yield {"api": f"http://{api}", "client": f"http://{client}", "root": root}
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not CHROMIUM.exists():
-        pytest.fail("the browser test needs Debian's chromium: apt-get install -y chromium")
-    from playwright.sync_api import sync_playwright
-
-    args = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync"]  # fmt: skip
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=args)
-        yield browser
-        browser.close()
 
 
 @pytest.fixture(scope="module")

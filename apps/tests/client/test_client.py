@@ -44,6 +44,18 @@ def test_detect_forwards_the_image_and_returns_only_known_fields(client, fake_ap
     assert sent["args"] == {"threshold": "0", "max_detections": "100"} and sent["auth"] is None
 
 
+def test_a_detection_without_a_name_is_not_shown(client, fake_api, caplog):
+    unnamed = [{"box": [0, 0, 5, 5], "label": 0, "score": 0.8}] + [
+        {"box": [0, 0, 5, 5], "label": 12, "name": name, "score": 0.5} for name in ("", " ", None, 7)
+    ]
+    fake_api.reply = {"json": {**ANSWER, "detections": ANSWER["detections"] + unnamed}}
+    with caplog.at_level(logging.WARNING, "dinops.client.app"):
+        body = client.post("/api/detect", data=b"x", content_type="image/png").get_json()
+    assert body["detections"] == [{"box": [1.5, 2.0, 300.0, 400.0], "label": 18, "name": "dog", "score": 0.91}]
+    assert caplog.text.count("the API answered class 12 without a name: not shown") == 4
+    assert "class 0 without a name" in caplog.text
+
+
 def test_token_is_forwarded(make_client, fake_api):
     fake_api.reply = {"json": ANSWER}
     make_client(API_TOKEN="tok").post("/api/detect", data=b"x", content_type="image/jpeg")

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
+import os
 import shutil
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -18,6 +21,7 @@ from dinops.data.cache import COMPLETE, CacheBudget, CorruptEntry, entry_bytes, 
 from dinops.data.coco import CocoDetection
 from dinops.data.loader import collate
 from dinops.data.synth import SynthSpec, generate
+from dinops.train import cache_command
 
 SIDE = 64
 ENTRY = entry_bytes(SIDE, SIDE)
@@ -56,7 +60,7 @@ def split(data, name="train2017", cache_dir=None, budget=None, transforms=None):
 
 
 def run_cli(capsys, *argv):
-    status = cache_mod.main(list(argv))
+    status = cache_command.main(list(argv))
     return status, capsys.readouterr().err
 
 
@@ -159,6 +163,40 @@ def test_a_changed_source_invalidates_the_cache(tmp_path, data, decodes, change)
     assert not again.cache.complete and entries(cache_dir) == []
     pixels = again[0][0]
     assert decodes == [img["id"]] and torch.equal(pixels, split(data)[0][0])
+
+
+@pytest.mark.parametrize("how", ["rewritten in place", "replaced by rename"])
+def test_a_same_size_rewrite_that_keeps_the_mtime_invalidates_the_cache(tmp_path, data, decodes, how):
+    """`exiftool -P` (in place) or `rsync -a`/`cp -p` (a new file renamed over) keep name, size and mtime: the
+    inode number and the ctime, which no tool can set, still tell (audit round 2, finding 24)."""
+    cache_dir = tmp_path / "cache"
+    source = data / "train2017" / split(data).images[0]["file_name"]
+    original = source.read_bytes()
+    buffer = io.BytesIO()
+    Image.open(source).transpose(Image.Transpose.ROTATE_180).save(buffer, format="JPEG", quality=95)
+    rotated = buffer.getvalue()
+    # Equal sizes: JPEG decoders ignore what follows the end-of-image marker.
+    size = max(len(original), len(rotated))
+    source.write_bytes(original.ljust(size, b"\0"))
+    fill(split(data, cache_dir=cache_dir), workers=2)
+    before = source.stat()
+    # File times come from a coarse clock (a jiffy): the rewrite must be in a later tick than the original.
+    time.sleep(0.05)
+    if how == "rewritten in place":
+        with open(source, "r+b") as fh:
+            fh.write(rotated.ljust(size, b"\0"))
+    else:
+        copy = source.with_name(source.name + ".tmp")
+        copy.write_bytes(rotated.ljust(size, b"\0"))
+        copy.replace(source)
+    os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = source.stat()
+    assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    decodes.clear()
+    again = split(data, cache_dir=cache_dir)
+    assert not again.cache.complete and entries(cache_dir) == []
+    pixels = again[0][0]
+    assert decodes == [again.images[0]["id"]] and torch.equal(pixels, split(data)[0][0])
 
 
 def test_the_size_bound_holds_training_split_first_smallest_images_first(tmp_path, data, capsys):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -134,3 +136,74 @@ def test_docs_hold_the_settings_table():
     text = (Path(__file__).resolve().parents[3] / "docs" / "training.md").read_text()
     documented = text.split("<!-- settings:data-ready -->\n", 1)[1].split("\n<!-- /settings:data-ready -->", 1)[0]
     assert documented == markdown_table(ready.SETTINGS), "regenerate the data-ready table in docs/training.md"
+
+
+# /proc/self/mountinfo of `docker run -v /tmp/mi-empty:/data dinops-molecule:debian12` on the build machine: the bind
+# mount of a host directory, as the Docker runtime mounts a claim's directory, and the container's root (its
+# overlay options cut short).
+DOCKER_MOUNTINFO = """\
+82 53 0:43 / / rw,relatime master:2 - overlay overlay rw,lowerdir=/var/lib/docker/overlay2/l/IHX2WF
+83 82 0:46 / /proc rw,nosuid,nodev,noexec,relatime - proc proc rw
+103 82 254:0 /tmp/mi-empty /data rw,relatime - ext4 /dev/vda rw,discard,resv_strict,resuid=65534,resgid=65534
+102 84 0:51 / /dev/shm rw,nosuid,nodev,noexec,relatime - tmpfs shm rw,size=1048576k
+"""
+
+
+def test_the_volume_of_a_path_is_the_nearest_mount_point_above_it():
+    volume = ready.volume_of(Path("/data/coco"), DOCKER_MOUNTINFO)
+    assert volume == {"mount_point": "/data", "root": "/tmp/mi-empty", "fstype": "ext4", "source": "/dev/vda"}
+    assert ready.volume_of(Path("/database"), DOCKER_MOUNTINFO)["mount_point"] == "/"
+    escaped = "7 1 0:5 /a\\040b /mnt/my\\040data rw - nfs4 10.0.1.5:/srv/dinops/datasets rw\n"
+    assert ready.volume_of(Path("/mnt/my data/coco"), escaped)["mount_point"] == "/mnt/my data"
+
+
+def _as_mount_point(tmp_path: Path, monkeypatch, volume: Path) -> None:
+    """The gate's view of mounts: DOCKER_MOUNTINFO with its /data bind moved to ``volume``."""
+    table = tmp_path / "mountinfo"
+    table.write_text(
+        DOCKER_MOUNTINFO.replace(" /data ", f" {volume} ").replace(
+            "/tmp/mi-empty", "/var/lib/dinops/volumes/dinops-dataset"
+        )
+    )
+    monkeypatch.setattr(ready, "MOUNTINFO", table)
+
+
+def test_a_gate_whose_volume_is_an_empty_mount_point_says_so(tmp_path, monkeypatch, capsys):
+    volume = tmp_path / "data"
+    volume.mkdir()
+    _as_mount_point(tmp_path, monkeypatch, volume)
+    assert ready.main(["--data-root", str(volume / "coco"), "--wait", "0.3", "--poll", "0.1"]) == 1
+    out = capsys.readouterr().out
+    assert f"{volume} is an empty mount point (ext4 /dev/vda, directory /var/lib/dinops/volumes/dinops-dataset" in out
+    assert "the host's NFS export was not mounted there when Docker started this container" in out
+
+
+def test_a_volume_that_holds_anything_is_not_called_empty(tmp_path, monkeypatch, capsys):
+    volume = tmp_path / "data"
+    (volume / "coco" / "val2017").mkdir(parents=True)
+    _as_mount_point(tmp_path, monkeypatch, volume)
+    assert ready.main(["--data-root", str(volume / "coco"), "--wait", "0.3", "--poll", "0.1"]) == 1
+    out = capsys.readouterr().out
+    assert "is not there yet (is the download Job running?)\n" in out and "empty mount point" not in out
+
+
+def test_the_real_gate_on_an_empty_bind_mount_says_so(tmp_path):
+    """The command as the container runs it, on a real bind mount of an empty directory (a mount namespace of its own:
+    unshare(1) --user --map-root-user --mount, no privilege needed where user namespaces are allowed)."""
+    if not shutil.which("unshare"):
+        pytest.skip("unshare(1) (util-linux) is not installed")
+    probe = subprocess.run(
+        ["unshare", "--user", "--map-root-user", "--mount", "true"], capture_output=True, check=False
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"this kernel refuses an unprivileged mount namespace: {probe.stderr.decode().strip()}")
+    host_dir, volume = tmp_path / "host-dir", tmp_path / "data"
+    host_dir.mkdir()
+    volume.mkdir()
+    gate = shlex.join([sys.executable, "-m", "dinops.cli", "data-ready", "--data-root", str(volume / "coco"),
+                       "--wait", "0.3", "--poll", "0.1"])  # fmt: skip
+    script = f"mount --bind {shlex.quote(str(host_dir))} {shlex.quote(str(volume))} && exec {gate}"
+    result = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script], env=_env(),
+                            capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    assert f"{volume} is an empty mount point (" in result.stdout and f"directory {host_dir} of it" in result.stdout

@@ -36,6 +36,7 @@ def tiny_train_args(data_root, output_dir, *extra: str) -> list[str]:
         "--batch-size", "2", "--num-workers", "0", "--device", "cpu", "--deterministic", "true", "--print-freq", "1",
         "--tensorboard", "false", "--lr", "2e-4",
         "--lr-backbone", "0",  # a frozen backbone halves the time per step
+        "--metrics-port", "0",  # parallel runs must not race for 9109; the metrics tests pass their own port
         *extra,
     ]  # fmt: skip
 

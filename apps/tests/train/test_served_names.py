@@ -14,7 +14,7 @@ import torch
 
 from dinops.serve.app import settings_config
 from dinops.serve.classes import COCO_NAMES
-from dinops.serve.detector import load_detector
+from dinops.serve.detector import ModelLoadError, load_detector
 from dinops.serve.testing import free_port, running
 from dinops.train import checkpoints
 
@@ -65,14 +65,9 @@ def test_the_server_names_detections_after_the_training_data(trained, train_synt
     assert response.status_code == 200, response.text
     detections = response.json()["detections"]
     assert len(detections) == 10  # threshold 0: the untrained model's top 10, whatever their scores
-    names = {c["name"] for c in categories}
     by_id = {c["id"]: c["name"] for c in categories}
-    for detection in detections:
-        assert detection["name"] in names | {"class 0"}, detection  # label 0 is no category of the dataset
-        assert detection["name"] not in COCO_NAMES.values()
-        if detection["label"] in by_id:
-            assert detection["name"] == by_id[detection["label"]]
-    assert {d["name"] for d in detections} & names
+    for detection in detections:  # never the class head's output 0, which is no category of the dataset
+        assert detection["label"] in by_id and detection["name"] == by_id[detection["label"]], detection
     assert response.json()["model"]["class_names"] == "checkpoint"
     assert health["loaded"]["class_names"] == "checkpoint"
 
@@ -82,15 +77,14 @@ def _load(path, **env):
     return load_detector(config)
 
 
-def test_a_checkpoint_without_names_gets_class_ids_unless_it_has_cocos_class_count(trained, tmp_path):
+def test_a_checkpoint_without_names_is_refused_unless_it_has_cocos_class_count(trained, tmp_path):
     out, _ = trained
     ckpt = checkpoints.load(out / checkpoints.LATEST)
     del ckpt["categories"]
     unnamed = tmp_path / "unnamed.pth"
     torch.save(ckpt, unnamed)
-    detector = _load(unnamed)
-    assert detector.info["class_names"] == "ids" and detector.info["num_classes"] == 4
-    assert [detector.class_names[i] for i in range(4)] == ["class 0", "class 1", "class 2", "class 3"]
+    with pytest.raises(ModelLoadError, match="stores no categories and its class head has 4 outputs.*DINO_CLASS_NAMES"):
+        _load(unnamed)
 
     coco_sized = {**ckpt, "model_config": {**ckpt["model_config"], "num_classes": 91, "dn_labelbook_size": 91}}
     from dinops.model import DINOConfig, build_dino
@@ -101,7 +95,7 @@ def test_a_checkpoint_without_names_gets_class_ids_unless_it_has_cocos_class_cou
     coco_path = tmp_path / "coco_sized.pth"
     torch.save(coco_sized, coco_path)
     detector = _load(coco_path)
-    assert detector.info["class_names"] == "coco" and detector.class_names[1] == "person"
+    assert detector.info["class_names"] == "coco" and detector.class_names.ids == tuple(sorted(COCO_NAMES))
 
 
 def test_an_explicit_names_file_wins_over_the_stored_names(trained, tmp_path):
@@ -109,7 +103,11 @@ def test_an_explicit_names_file_wins_over_the_stored_names(trained, tmp_path):
     names = tmp_path / "names.json"
     names.write_text(json.dumps([{"id": 1, "name": "ball"}, {"id": 2, "name": "box"}, {"id": 3, "name": "wedge"}]))
     detector = _load(out / checkpoints.LATEST, DINO_CLASS_NAMES=str(names))
-    assert detector.info["class_names"] == str(names) and detector.class_names[2] == "box"
+    assert detector.info["class_names"] == str(names) and detector.class_names.table == {
+        1: "ball",
+        2: "box",
+        3: "wedge",
+    }
 
 
 def test_eval_warns_when_the_evaluation_file_names_the_ids_differently(

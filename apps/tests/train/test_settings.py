@@ -73,3 +73,11 @@ def test_train_refuses_a_batch_larger_than_the_dataset(tmp_path, small_synth, ca
     argv = ["--data-root", str(small_synth), "--output-dir", str(tmp_path), "--device", "cpu", "--batch-size", "9"]
     assert main(argv) == 2
     assert "the dataset has 8 images, fewer than one global batch (1 process(es) x batch 9)" in caplog.text
+
+
+def test_the_models_own_setting_is_accepted_and_a_bad_value_stops_the_start():
+    # DINO_DEFORM_ATTN is read by the model (dinops.model.ms_deform_attn_core), not by the app: a pod that sets it must
+    # start, and a misspelt value must stop it at once rather than at the first forward pass.
+    parse_args([], {"DINO_DEFORM_ATTN": "pure"})
+    with pytest.raises(SettingsError, match="DINO_DEFORM_ATTN"):
+        parse_args([], {"DINO_DEFORM_ATTN": "fast"})

@@ -122,7 +122,10 @@ def _number(value: Any) -> float:
 
 
 def clean_answer(body: Any) -> dict[str, Any]:
-    """Only the fields the page uses, with their types checked: the browser never sees anything else."""
+    """Only the fields the page uses, with their types checked: the browser never sees anything else.
+
+    A detection without a name is of a class the page does not know (the API names every class of its model): it is
+    left out, not shown as a bare id."""
     if not isinstance(body, dict) or not isinstance(body.get("detections"), list):
         raise ValueError("no detections list")
     detections = []
@@ -130,14 +133,16 @@ def clean_answer(body: Any) -> dict[str, Any]:
         box = item["box"]
         if not isinstance(box, list) or len(box) != 4:
             raise ValueError(f"bad box {box!r}")
-        detections.append(
-            {
-                "box": [_number(c) for c in box],
-                "label": int(_number(item["label"])),
-                "name": str(item.get("name", "")),
-                "score": _number(item["score"]),
-            }
-        )
+        detection = {
+            "box": [_number(c) for c in box],
+            "label": int(_number(item["label"])),
+            "name": item.get("name"),
+            "score": _number(item["score"]),
+        }
+        if isinstance(detection["name"], str) and detection["name"].strip():
+            detections.append(detection)
+        else:
+            log.warning("the API answered class %d without a name: not shown", detection["label"])
     return {"width": int(_number(body["width"])), "height": int(_number(body["height"])), "detections": detections}
 
 
@@ -172,6 +177,83 @@ def detect():
         ) from None
     latency_ms = round((time.perf_counter() - started) * 1000, 1)
     return jsonify(**_interpret(answer), latency_ms=latency_ms)
+
+
+TRAINING_STATES = ("not_started", "waiting_for_data", "training", "evaluating", "done", "stopped", "failed",
+                   "unreadable", "unavailable")  # fmt: skip
+TRAINING_NUMBERS = ("epoch", "epochs", "step", "steps_per_epoch", "global_step", "total_steps", "step_s",
+                    "data_wait_s", "images_per_s", "eta_s", "learning_rate")  # fmt: skip
+GPU_FIELDS = ("utilization_percent", "memory_allocated_bytes", "memory_reserved_bytes", "memory_total_bytes")
+
+
+def _numbers(source: Any, keys: tuple[str, ...]) -> dict[str, float]:
+    """The keys of ``source`` whose values are finite numbers (anything else is left out, never passed on)."""
+    if not isinstance(source, dict):
+        return {}
+    kept = {}
+    for key in keys:
+        try:
+            kept[key] = _number(source.get(key))
+        except ValueError:
+            continue
+    return kept
+
+
+def _text(value: Any, limit: int = 500) -> str | None:
+    return value[:limit] if isinstance(value, str) else None
+
+
+def clean_training(body: Any) -> dict[str, Any]:
+    """The API's ``/v1/training`` answer reduced to the fields the training panel shows, each of its type."""
+    if not isinstance(body, dict) or body.get("state") not in TRAINING_STATES:
+        raise ValueError("no known training state")
+    curve = body.get("loss_curve") if isinstance(body.get("loss_curve"), list) else []
+    evaluations = body.get("evaluations") if isinstance(body.get("evaluations"), list) else []
+    checkpoint, served, gpu = body.get("checkpoint"), body.get("served"), body.get("gpu")
+    cleaned: dict[str, Any] = {"state": body["state"], **_numbers(body, TRAINING_NUMBERS)}
+    for key in ("reason", "progress_file", "updated_at"):
+        if (text := _text(body.get(key))) is not None:
+            cleaned[key] = text
+    points = (_numbers(dict(zip("xy", p, strict=False)), ("x", "y")) for p in curve[:2000] if isinstance(p, list))
+    cleaned["loss_curve"] = [[p["x"], p["y"]] for p in points if len(p) == 2]
+    cleaned["evaluations"] = [
+        _numbers(e, ("epoch", "global_step", "ap", "ap50", "ap75")) for e in evaluations[:1000] if isinstance(e, dict)
+    ]
+    if isinstance(checkpoint, dict):
+        cleaned["checkpoint"] = {"path": _text(checkpoint.get("path")), "saved_at": _text(checkpoint.get("saved_at"))}
+    if isinstance(served, dict):
+        cleaned["served"] = {
+            "checkpoint": _text(served.get("checkpoint")),
+            "loaded_at": _text(served.get("loaded_at")),
+            **_numbers(served, ("epoch", "global_step")),
+        }
+    if isinstance(gpu, dict):
+        cleaned["gpu"] = {"name": _text(gpu.get("name"), 100), **_numbers(gpu, GPU_FIELDS)}
+    return cleaned
+
+
+@bp.get("/api/training")
+def training():
+    """The training run as the API reports it (``GET /v1/training``), for the page's training panel."""
+    config = current_app.config
+    headers = {"Authorization": f"Bearer {config['API_TOKEN']}"} if config["API_TOKEN"] else {}
+    try:
+        answer = current_app.extensions["api_session"].get(
+            config["API_URL"] + "/v1/training", headers=headers, timeout=(5, 10)
+        )
+    except requests.RequestException:
+        raise ClientError(502, "The detection service cannot be reached, so the training run is not known.") from None
+    if answer.status_code == 401:
+        raise ClientError(502, "The web client is not allowed to use the detection service (check DINO_API_TOKEN).")
+    if answer.status_code == 404:
+        raise ClientError(502, "This detection service does not report training runs (an older version).")
+    try:
+        if answer.status_code != 200:
+            raise ValueError(f"HTTP {answer.status_code}")
+        return jsonify(clean_training(_json_or_none(answer)))
+    except (KeyError, TypeError, ValueError) as exc:
+        log.error("unexpected training answer from the API: %s", exc)
+        raise ClientError(502, "The detection service sent a training report this page does not understand.") from None
 
 
 def _json_or_none(answer: requests.Response) -> Any:

@@ -10,7 +10,7 @@ paths), holding
 
     <image id>.img   a 24-byte header (magic, height, width, channels, CRC-32 of the pixels), then the RGB pixels
     source.json      the source's identity: annotation file sha256 and size, a fingerprint of every image's
-                     name, size and mtime, the format version; written before any entry
+                     name, size, mtime, inode number and ctime, the format version; written before any entry
     complete.json    written last (atomically) by `dinops cache`: identity, count, bytes, the planned image set
 
 What is verified: every read checks an entry's header, length and CRC-32 (a truncated or corrupt file, e.g. after a
@@ -34,7 +34,6 @@ the environment is wrong (missing data, unwritable or too small cache folder).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import json
@@ -54,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dinops.data.settings import CACHE_SETTINGS, DATA_PATH_SETTINGS
 from dinops.digests import file_sha256
 from dinops.settings import SettingsError
 
@@ -133,11 +133,14 @@ def namespace(image_dir: Path, ann_file: Path) -> str:
 
 
 def source_identity(image_dir: Path, ann_file: Path, images: list[dict]) -> dict[str, Any]:
-    """What the cache was decoded from: annotation file sha256, and every image's name, size and mtime."""
+    """What the cache was decoded from: annotation file sha256, and every image's name, size, mtime, inode number
+    and ctime. Tools that rewrite a file keeping its size and mtime (`exiftool -P` in place; `rsync -a`, `cp -p`
+    by a new file) cannot keep the ctime, and a new file has a new inode number."""
     with ThreadPoolExecutor(STAT_THREADS) as pool:
         stats = list(pool.map(lambda img: os.stat(image_dir / img["file_name"]), images))
     lines = (
-        f"{img['id']}\t{img['file_name']}\t{s.st_size}\t{s.st_mtime_ns}" for img, s in zip(images, stats, strict=True)
+        f"{img['id']}\t{img['file_name']}\t{s.st_size}\t{s.st_mtime_ns}\t{s.st_ino}\t{s.st_ctime_ns}"
+        for img, s in zip(images, stats, strict=True)
     )
     return {
         "format": FORMAT,
@@ -413,12 +416,8 @@ def fill(dataset: CocoDetection, workers: int, pool: str = "thread", out=None) -
 def cache_settings() -> tuple:
     """The training settings `dinops cache` reads (same flags, variables and defaults); ``--workers`` is
     DINO_CACHE_WORKERS."""
-    from dinops.train.settings import SETTINGS
-
-    names = ("data_root", "train_images", "train_annotations", "val_images", "val_annotations", "cache_dir")
-    table = [s for s in SETTINGS if s.dest in names + ("cache_max_gb",)]
-    table += [dataclasses.replace(s, flag="--workers") for s in SETTINGS if s.dest == "cache_workers"]
-    return tuple(table)
+    table = DATA_PATH_SETTINGS + tuple(s for s in CACHE_SETTINGS if s.dest != "cache_workers")
+    return table + tuple(dataclasses.replace(s, flag="--workers") for s in CACHE_SETTINGS if s.dest == "cache_workers")
 
 
 def check_room(caches: Iterable[ImageCache]) -> None:
@@ -432,58 +431,3 @@ def check_room(caches: Iterable[ImageCache]) -> None:
             f"{free / GB:.2f} GB free ({MIN_FREE_BYTES / GB:.1f} GB stay free); bound the cache with "
             "--cache-max-gb / DINO_CACHE_MAX_GB"
         )
-
-
-def main(argv: list[str] | None = None) -> int:
-    from dinops.data.coco import AnnotationError, CocoDetection
-    from dinops.data.ready import EXTRA_SETTINGS
-    from dinops.settings import add_arguments, check_unknown_env, resolve, without_service_links
-    from dinops.train.main import fill_data_paths
-    from dinops.train.settings import ENV_PREFIX, SETTINGS
-
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    table = cache_settings()
-    parser = argparse.ArgumentParser(
-        prog="dinops cache", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    add_arguments(parser, table)
-    args = parser.parse_args(argv)
-    try:
-        environ = without_service_links(os.environ)
-        check_unknown_env(SETTINGS + EXTRA_SETTINGS, (ENV_PREFIX,), environ)
-        resolve(args, table, environ)
-        fill_data_paths(args)
-        if not args.cache_dir:
-            raise SettingsError("--cache-dir / DINO_CACHE_DIR is empty: no folder to fill")
-        workers = args.cache_workers or os.cpu_count() or 1
-        budget = CacheBudget(args.cache_max_gb)
-        splits = []
-        for images, annotations, flag in (
-            (args.train_images, args.train_annotations, "--train-annotations / DINO_TRAIN_ANNOTATIONS"),
-            (args.val_images, args.val_annotations, "--val-annotations / DINO_VAL_ANNOTATIONS"),
-        ):
-            if not Path(annotations).is_file():
-                raise SettingsError(
-                    f"{annotations}: no annotation file (set --data-root / DINO_DATA_ROOT {args.data_root!r} or {flag})"
-                )
-            splits.append(CocoDetection(images, annotations, cache_dir=args.cache_dir, cache_budget=budget))
-        check_room(ds.cache for ds in splits)
-    except (SettingsError, AnnotationError) as exc:
-        print(f"dinops cache: {exc}", file=sys.stderr)
-        return 2
-    status = 0
-    for dataset in splits:
-        report = fill(dataset, workers)
-        if report.already_complete:
-            print(f"dinops cache: {dataset.cache.describe()}: nothing to do", file=sys.stderr)
-            continue
-        print(
-            f"dinops cache: {dataset.image_dir}: {report.decoded} decoded, {report.kept} already cached, "
-            f"{len(report.failed)} failed; {report.bytes / GB:.2f} GB in {dataset.cache.root} "
-            f"({report.planned} of {len(dataset)} images fit the bound) in {report.seconds:.1f} s",
-            file=sys.stderr,
-        )
-        for problem in report.failed[:10]:
-            print(f"dinops cache: cannot cache {problem}", file=sys.stderr)
-        status = 1 if report.failed else status
-    return status

@@ -4,6 +4,11 @@ The training Job runs it as an init container: it exits 0 (printing what the mar
 ``<data root>/.dinops-complete.json`` exists and says ``"complete": true``, which `dinops download` writes only
 after every file was downloaded, verified and extracted. While waiting it prints a line every 30 s.
 
+When the volume that holds the data root (the nearest mount point above it, from /proc/self/mountinfo) is empty,
+each waiting line says so, with the filesystem and the host directory it is: on a fresh volume the download has not
+written yet, but a volume that held the dataset before and is empty now is the wrong one (the Docker runtime after
+a reboot: a container bound the host's directory before its NFS export was mounted there, docs/docker-runtime.md).
+
 Exit status: 0 the dataset is complete; 1 still no marker after --wait seconds; 2 a usage error, or a marker that
 exists but is broken (not JSON, or not complete=true); 143 stopped by SIGTERM.
 
@@ -19,13 +24,15 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from dinops.data.settings import DATA_PATH_SETTINGS
 from dinops.download import marker
 from dinops.settings import Setting, SettingsError, add_arguments, non_negative_float, positive_float, resolve
-from dinops.train.settings import SETTINGS as TRAIN_SETTINGS
 
 SAY_EVERY_S = 30.0
+# The kernel's table of this process's mounts (proc(5), /proc/[pid]/mountinfo).
+MOUNTINFO = Path("/proc/self/mountinfo")
 
-_DATA_ROOT = next(s for s in TRAIN_SETTINGS if s.dest == "data_root")  # the training app's own setting
+_DATA_ROOT = next(s for s in DATA_PATH_SETTINGS if s.dest == "data_root")  # the training app's own setting
 
 SETTINGS: tuple[Setting, ...] = (
     _DATA_ROOT,
@@ -71,6 +78,52 @@ def say(text: str, err: bool = False) -> None:
     print(text, file=sys.stderr if err else sys.stdout, flush=True)
 
 
+def _unescape(field: str) -> str:
+    """mountinfo writes space, tab, newline and backslash in paths as octal escapes (\\040 ...)."""
+    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+        field = field.replace(code, char)
+    return field
+
+
+def volume_of(path: Path, mountinfo: str) -> dict[str, str] | None:
+    """The mount that holds ``path`` (the longest mount point that is it or a parent), from mountinfo's text:
+    {mount_point, root (the directory of its filesystem that is mounted there), fstype, source}; None if none."""
+    best = None
+    target = str(path)
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if "-" not in fields[6:]:
+            continue
+        dash = fields.index("-", 6)
+        point = _unescape(fields[4])
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and (best is None or len(point) >= len(best["mount_point"])):
+            best = {"mount_point": point, "root": _unescape(fields[3]), "fstype": fields[dash + 1],
+                    "source": _unescape(fields[dash + 2]) if len(fields) > dash + 2 else ""}  # fmt: skip
+    return best
+
+
+def empty_volume(root: Path) -> str | None:
+    """A sentence when the volume holding ``root`` is a mount point other than / with nothing in it, else None."""
+    try:
+        volume = volume_of(root, MOUNTINFO.read_text())
+    except OSError:  # no /proc (not Linux): nothing to say
+        return None
+    if volume is None or volume["mount_point"] == "/":
+        return None
+    try:
+        if any(Path(volume["mount_point"]).iterdir()):
+            return None
+    except OSError:
+        return None
+    return (
+        f"{volume['mount_point']} is an empty mount point ({volume['fstype']} {volume['source']}, directory "
+        f"{volume['root']} of it): nothing was downloaded into this volume yet. If the dataset was downloaded before, "
+        "this is not the volume that holds it: on the Docker runtime after a reboot, the host's NFS export was not "
+        "mounted there when Docker started this container (docs/docker-runtime.md, Reboots)"
+    )
+
+
 def wait_for(root: Path, wait_s: float, poll_s: float) -> int:
     target = marker.path(root)
     started = time.monotonic()
@@ -94,7 +147,11 @@ def wait_for(root: Path, wait_s: float, poll_s: float) -> int:
             )
             return 1
         if said is None or now - said >= SAY_EVERY_S:
-            say(f"waiting for the dataset: {target} is not there yet (is the download Job running?)")
+            empty = empty_volume(root)
+            say(
+                f"waiting for the dataset: {target} is not there yet (is the download Job running?)"
+                + (f"; {empty}" if empty else "")
+            )
             said = now
         pause = poll_s if not wait_s else max(0.0, min(poll_s, wait_s - waited))
         time.sleep(pause)

@@ -17,12 +17,19 @@ coordinate ``loc * size - 0.5`` and neighbours outside the map contribute 0.
   ``[B*M, D, Q, L*P]`` intermediate and is several times faster on CPU over the encoder's ~20k tokens.
   Gradients flow to value, locations and weights.
 
-The backend is chosen once per process and device type (:func:`deformable_attention_backend`) after checking
-``gather`` against ``grid_sample`` on random inputs there; :func:`set_deformable_attention_backend` forces one.
+* ``triton``: the fused Triton kernel of :mod:`dinops.model.ms_deform_attn_triton` (forward and backward in one
+  kernel each, values read in their own dtype); the default on CUDA devices.
+
+The backend is chosen once per process and device type (:func:`deformable_attention_backend`) after checking it
+against ``grid_sample`` on random inputs there: ``triton`` on CUDA devices when it passes
+(``DINO_DEFORM_ATTN=auto``); otherwise ``gather`` when it passes, else ``grid_sample``. ``DINO_DEFORM_ATTN=pure``
+never uses the kernel; ``triton`` uses it on every device or fails (CPU tensors need ``TRITON_INTERPRET=1``).
+:func:`set_deformable_attention_backend` forces one backend in a process.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +37,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from dinops.settings import Setting, resolve
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +49,13 @@ _SELF_CHECK_TOLERANCE = 1e-5
 FLOAT_ROWS_LIMIT = 2**24  # table rows are computed in float below this: every integer up to 2**24 is exact in float32
 _chosen: dict[str, str] = {}  # device type -> backend that passed the self-check there
 _forced: str | None = None
+DEFORM_ATTN = Setting(
+    "deform_attn",
+    "auto",
+    "deformable attention sampling: auto (fused Triton kernel on CUDA GPUs, pure PyTorch elsewhere), triton or pure",
+    env="DINO_DEFORM_ATTN",
+    choices=("auto", "triton", "pure"),
+)
 
 
 def ms_deform_attn_grid_sample(
@@ -200,7 +216,20 @@ def gather_pixels(prepared: SamplingTable, pixels: Tensor, attention_weights: Te
     return out.view(batch, queries, heads * channels)
 
 
-BACKENDS: dict[str, CoreFn] = {"grid_sample": ms_deform_attn_grid_sample, "gather": ms_deform_attn_gather}
+def ms_deform_attn_fused(
+    value: Tensor, spatial_shapes: SpatialShapes, sampling_locations: Tensor, attention_weights: Tensor
+) -> Tensor:
+    """The Triton kernel, imported on first use (importing Triton takes seconds and it may be absent)."""
+    from dinops.model.ms_deform_attn_triton import ms_deform_attn_triton
+
+    return ms_deform_attn_triton(value, spatial_shapes, sampling_locations, attention_weights)
+
+
+BACKENDS: dict[str, CoreFn] = {
+    "grid_sample": ms_deform_attn_grid_sample,
+    "gather": ms_deform_attn_gather,
+    "triton": ms_deform_attn_fused,
+}
 
 
 def _self_check(candidate: CoreFn, device: torch.device) -> float:
@@ -216,12 +245,33 @@ def _self_check(candidate: CoreFn, device: torch.device) -> float:
     return float((expected - got).abs().max())
 
 
+def _fused_passes(device: torch.device, mode: str) -> bool:
+    """Whether the fused kernel runs on ``device`` and matches the reference there (``mode`` from DINO_DEFORM_ATTN)."""
+    if mode == "pure" or (mode == "auto" and device.type != "cuda"):
+        return False
+    try:
+        error = _self_check(ms_deform_attn_fused, device)
+    except Exception as exc:  # Triton absent, or it cannot compile or launch here: any failure means the pure path
+        if mode == "triton":
+            raise RuntimeError(f"DINO_DEFORM_ATTN=triton: the fused kernel fails on {device.type}: {exc}") from exc
+        log.warning("deformable attention: fused kernel unusable on %s (%s)", device.type, exc)
+        return False
+    if error > _SELF_CHECK_TOLERANCE:
+        if mode == "triton":
+            raise RuntimeError(f"DINO_DEFORM_ATTN=triton: the fused kernel is off by {error:.3g} on {device.type}")
+        log.warning("deformable attention: fused kernel off on %s (self-check error %.3g)", device.type, error)
+    return error <= _SELF_CHECK_TOLERANCE
+
+
 def deformable_attention_backend(device: str | torch.device = "cpu") -> str:
-    """Name of the sampling backend (``gather`` or ``grid_sample``) used on ``device``'s type, chosen on first use
-    by checking ``gather`` against ``grid_sample`` there."""
+    """Name of the sampling backend (``triton``, ``gather`` or ``grid_sample``) used on ``device``'s type, chosen on
+    first use by checking it against ``grid_sample`` there (see the module docstring)."""
     device = torch.device(device)
     if _forced is not None:
         return _forced
+    if device.type not in _chosen and _fused_passes(device, resolve(argparse.Namespace(), (DEFORM_ATTN,)).deform_attn):
+        log.info("deformable attention backend on %s: triton", device.type)
+        _chosen[device.type] = "triton"
     if device.type not in _chosen:
         try:
             error = _self_check(ms_deform_attn_gather, device)
@@ -257,12 +307,17 @@ class PreparedValue:
     table: SamplingTable | None
 
 
+FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
 def prepare_value(value: Tensor, spatial_shapes: SpatialShapes, points: int) -> PreparedValue:
     """Lay out ``value [B, S, M, D]`` for :func:`sample` with ``points`` samples per head and level."""
     backend = deformable_attention_backend(value.device)
     dtype = value.dtype
-    if dtype not in (torch.float32, torch.float64):
-        value = value.float()
+    if backend == "triton" and dtype not in FUSED_DTYPES:  # float64: the kernel sums in float32
+        backend = "grid_sample"
+    if backend != "triton" and dtype not in (torch.float32, torch.float64):
+        value = value.float()  # the fused kernel reads bfloat16 and float16 values itself
     shapes = [(int(h), int(w)) for h, w in spatial_shapes]
     table = gather_table(value, shapes, points) if backend == "gather" else None
     return PreparedValue(backend, value, shapes, dtype, table)
@@ -283,7 +338,8 @@ def sample_pixels(prepared: PreparedValue, pixels: Tensor, attention_weights: Te
 def _sample(
     prepared: PreparedValue, weights: Tensor, *, locations: Tensor | None = None, pixels: Tensor | None = None
 ) -> Tensor:
-    compute = prepared.value.dtype
+    # The fused kernel reads the value in its own dtype, locations and weights in float32.
+    compute = torch.float32 if prepared.backend == "triton" else prepared.value.dtype
     weights = weights.to(compute)
     with torch.autocast(prepared.value.device.type, enabled=False):
         if prepared.table is not None and pixels is not None:

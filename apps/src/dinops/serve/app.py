@@ -16,7 +16,7 @@ from typing import Any
 
 from flask import Flask, Request, g, request
 
-from dinops.serve import api, errors, health, protocols
+from dinops.serve import api, errors, health, protocols, training
 from dinops.serve.metrics import Metrics
 from dinops.serve.runtime import ModelRuntime
 from dinops.serve.settings import SETTINGS
@@ -51,6 +51,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     errors.register(app)
     app.register_blueprint(api.bp)
     app.register_blueprint(health.bp)
+    app.register_blueprint(training.bp)
     protocols.register(app)
     _observe_requests(app)
     _cors(app, [o.strip() for o in app.config["CORS_ORIGINS"].split(",") if o.strip()])

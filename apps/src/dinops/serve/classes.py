@@ -1,17 +1,19 @@
-"""Class names by label id: the model's own table, COCO's 80 names at their category ids, or ``class <id>``.
+"""The classes a served model answers, by label id, with their names: the checkpoint's categories, or COCO's 80.
 
-DINO predicts the annotation file's category id itself, so every table is keyed by id, and ids without a name
-(COCO's gaps 12, 26, 29, ... and anything a custom model adds) are named ``class <id>`` rather than failing.
+DINO predicts the annotation file's category id itself, and its class head has max id + 1 outputs: a model trained
+on categories 1-3 has an output 0 that is no class, and COCO's 91 outputs hold 11 ids that are none of its 80
+categories (0, 12, 26, ...). The table decides which outputs are answered: serving takes its top-k over these
+columns only (:class:`dinops.serve.detector.Detector`), so no other id is ever answered, and every answered id has a
+name.
 
-Where the names come from (:func:`resolve`, in this order; the table's ``source`` says which):
+Where the table comes from (:func:`resolve`, in this order; the table's ``source`` says which):
 
-1. a file given with ``DINO_CLASS_NAMES`` (source: the file's path);
+1. a file given with ``DINO_CLASS_NAMES`` (source: the file's path): its ids replace the checkpoint's;
 2. the checkpoint's ``categories`` (``[{"id", "name"}]``, written by `dinops train` from the training annotations)
    or ``class_names`` (source ``checkpoint``);
-3. COCO's names, only for a model with COCO's class count, 91 (the official DINO checkpoints, which store no
-   names, and older dinops checkpoints trained on COCO) (source ``coco``);
-4. none: every label is ``class <id>`` (source ``ids``), so that a model trained on other data is never
-   labelled with COCO's names.
+3. COCO's 80 categories, only for a model with COCO's class count, 91 (the official DINO checkpoints, which store
+   none, and older dinops checkpoints trained on COCO) (source ``coco``);
+4. none: the model is refused (:func:`check`), as which of its outputs are classes is unknown.
 """
 
 from __future__ import annotations
@@ -45,15 +47,17 @@ class ClassNamesError(ValueError):
 
 
 class ClassNames:
-    """``names[label] -> str`` for any integer label, and the reverse lookup for the ``classes`` filter."""
+    """The answered class ids (``ids``, ascending), ``names[label] -> str`` for each, and the reverse lookup for the
+    ``classes`` filter."""
 
     def __init__(self, table: Mapping[int, str], source: str) -> None:
-        self.table = dict(table)
+        self.table = dict(sorted(table.items()))
         self.source = source
+        self.ids = tuple(self.table)
         self._ids = {name.lower(): label for label, name in self.table.items()}
 
     def __getitem__(self, label: int) -> str:
-        return self.table.get(int(label), f"class {int(label)}")
+        return self.table[int(label)]
 
     def id_of(self, name: str) -> int | None:
         return self._ids.get(name.strip().lower())
@@ -108,8 +112,8 @@ def from_checkpoint(checkpoint: Mapping[str, Any]) -> ClassNames | None:
     return None
 
 
-def resolve(names_file: str, checkpoint: Mapping[str, Any], num_classes: int | None) -> ClassNames:
-    """The class names of a served model, by the precedence of the module docstring."""
+def resolve(names_file: str, checkpoint: Mapping[str, Any], num_classes: int | None) -> ClassNames | None:
+    """The classes of a served model, by the precedence of the module docstring; None when nothing says."""
     if names_file:
         return from_file(names_file)
     stored = from_checkpoint(checkpoint)
@@ -117,4 +121,27 @@ def resolve(names_file: str, checkpoint: Mapping[str, Any], num_classes: int | N
         return stored
     if num_classes == COCO_NUM_CLASSES:
         return coco()
-    return ClassNames({}, "ids")
+    return None
+
+
+def check(names: ClassNames | None, num_classes: int, checkpoint: str) -> ClassNames:
+    """``names`` if every id is one of the class head's ``num_classes`` outputs; else the error that says how to fix.
+
+    A checkpoint that stores no categories and has another class count than COCO's is refused rather than answering
+    every output: at least output 0 is no class of the training data (the head has max category id + 1 outputs)."""
+    if names is None:
+        raise ClassNamesError(
+            f"checkpoint {checkpoint} stores no categories and its class head has {num_classes} outputs, not COCO's "
+            f"{COCO_NUM_CLASSES}, so which of ids 0-{num_classes - 1} are classes is unknown: set DINO_CLASS_NAMES "
+            'to the training annotation file (its categories), or to a JSON object {"<id>": "<name>"} of the classes'
+        )
+    where = "the checkpoint" if names.source == "checkpoint" else names.source
+    if not names.ids:
+        raise ClassNamesError(f"{where} names no class")
+    beyond = [label for label in names.ids if not 0 <= label < num_classes]
+    if beyond:
+        raise ClassNamesError(
+            f"{where} names class ids the model cannot predict: {', '.join(map(str, beyond))} (its class head has "
+            f"{num_classes} outputs, ids 0-{num_classes - 1})"
+        )
+    return names

@@ -98,14 +98,19 @@ def json_options(parameters: dict[str, Any]) -> tuple[float, int, list[str]]:
 
 
 def classes(items: Sequence[str], detector: Detector) -> set[int] | None:
-    """Class ids or names (of the model in use) -> ids; ``None`` keeps every class."""
+    """Class ids or names (of the model in use) -> ids; ``None`` keeps every class. An id the model does not answer
+    is refused rather than answered with nothing."""
     if not items:
         return None
+    known = detector.class_names.ids
     ids = set()
     for item in items:
         label = int(item) if item.lstrip("-").isdigit() else detector.class_names.id_of(item)
         if label is None:
             raise _bad(f"classes: {item!r} is neither a class id nor a known class name.")
+        if label not in known:
+            shown = ", ".join(map(str, known[:20])) + (", ..." if len(known) > 20 else "")
+            raise _bad(f"classes: {item!r} is not a class of this model (its ids: {shown}).")
         ids.add(label)
     return ids
 

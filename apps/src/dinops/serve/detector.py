@@ -5,6 +5,10 @@ with the ImageNet mean/std and mask bool [B,H,W] (True = padding); ``postprocess
 with target sizes [B,2] as (h, w) of the *original* images returns per image ``scores`` [K], ``labels`` [K]
 and ``boxes`` [K,4] xyxy in those original pixels.
 
+Only the ids of :attr:`Detector.class_names` are answered: the postprocess (the official one, unchanged) gets those
+logit columns alone, so its top-k ranks only (query, known class) pairs; its labels, column positions, are mapped
+back to the ids.
+
 :func:`load_detector` reads files and builds the model; tests construct :class:`Detector` directly with any
 module that honours the contract.
 """
@@ -59,6 +63,7 @@ class Detector:
     def __post_init__(self) -> None:
         self.model.eval().to(self.device)
         self._pipeline = eval_transforms(self.min_size, self.max_size)
+        self._known = torch.tensor(self.class_names.ids, device=self.device)
 
     @staticmethod
     def prepare(image: Image.Image) -> np.ndarray:
@@ -86,9 +91,10 @@ class Detector:
         batch, mask = self.pad_images([self.preprocess(image) for image in images])
         with self._autocast():
             outputs = self.model(batch, mask)
-        logits = outputs["pred_logits"]
+        logits = outputs["pred_logits"].index_select(-1, self._known)  # [B, Q, known classes]
         num_select = min(self.num_select, logits.shape[1] * logits.shape[2])
         target_sizes = torch.tensor(sizes, dtype=torch.float32, device=logits.device)
+        outputs = {**outputs, "pred_logits": logits}
         outputs = {k: (v.float() if torch.is_tensor(v) and v.is_floating_point() else v) for k, v in outputs.items()}
         results = self.postprocess(outputs, target_sizes, num_select=num_select)
         predictions = []
@@ -96,9 +102,8 @@ class Detector:
             boxes = result["boxes"].float().cpu()
             boxes[:, 0::2] = boxes[:, 0::2].clamp(0, w)
             boxes[:, 1::2] = boxes[:, 1::2].clamp(0, h)
-            predictions.append(
-                Prediction(result["scores"].float().cpu().tolist(), result["labels"].cpu().tolist(), boxes.tolist())
-            )
+            labels = self._known[result["labels"]].cpu().tolist()
+            predictions.append(Prediction(result["scores"].float().cpu().tolist(), labels, boxes.tolist()))
         return predictions
 
     def warm_up(self) -> float:
@@ -206,7 +211,12 @@ def load_detector(config: dict[str, Any]) -> Detector:
         raise ModelLoadError(f"cannot build the model from {path}: {exc}") from exc
     if config.get("FAST_PATH", True):
         optimize_for_inference(model)
-    names = classes.resolve(config["CLASS_NAMES"], checkpoint, getattr(cfg, "num_classes", None))
+    try:
+        names = classes.check(
+            classes.resolve(config["CLASS_NAMES"], checkpoint, cfg.num_classes), cfg.num_classes, path
+        )
+    except classes.ClassNamesError as exc:
+        raise ModelLoadError(str(exc)) from exc
     info = {
         "checkpoint": str(path),
         "backend": backend_name(),

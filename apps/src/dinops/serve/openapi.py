@@ -205,6 +205,20 @@ def spec(config: dict[str, Any]) -> dict[str, Any]:
                     },
                 }
             },
+            "/v1/training": {
+                "get": {
+                    "summary": "the training run whose checkpoint this service serves (progress.json beside it)",
+                    "security": security,
+                    "responses": {
+                        "200": {
+                            "description": "state (the trainer's, or not_started, unreadable, unavailable with a "
+                            "reason), epoch, step, ETA, images/s, loss curve, evaluations, checkpoint, gpu; served: "
+                            "the checkpoint in use and when it was loaded"
+                        },
+                        **_errors(401),
+                    },
+                }
+            },
             "/metrics": {
                 "get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text format"}}}
             },

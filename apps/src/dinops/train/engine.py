@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,13 +37,21 @@ class StepState:
     best_ap: float = -1.0
 
 
+@dataclass(frozen=True)
+class StepTiming:
+    """Wall time of one optimizer step (waiting for its batches included) and of the wait for its batches."""
+
+    step_s: float
+    data_wait_s: float
+
+
 @dataclass
 class Hooks:
-    """What the loop calls out to: stop requests, checkpoints, per-step scalars, the profiler."""
+    """What the loop calls out to: stop requests, checkpoints, per-step scalars and timing, the profiler."""
 
     should_stop: Callable[[], bool]
     save_latest: Callable[[StepState], None]
-    on_step: Callable[[StepState, dict[str, float]], None] = lambda state, values: None
+    on_step: Callable[[StepState, dict[str, float], StepTiming], None] = lambda state, values, timing: None
     profiler: Any = None
 
 
@@ -121,7 +130,9 @@ def train_one_epoch(
     for _ in metrics.log_every(
         range(state.step, steps_per_epoch), steps_per_epoch, args.print_freq, header, start=state.step
     ):
+        began = time.perf_counter()
         window = [next(batches) for _ in range(args.accum_steps)]
+        data_wait_s = time.perf_counter() - began
         local_boxes = [sum(len(t["labels"]) for t in targets) for _, _, targets in window]
         scales = box_count_scales(local_boxes, device)
         step_values: dict[str, float] = {}
@@ -155,7 +166,9 @@ def train_one_epoch(
         metrics.update(**step_values)
         metrics.meters["lr"].update(optimizer.param_groups[0]["lr"])
         hooks.on_step(
-            state, {k: step_values[k] for k in SHOWN if k in step_values} | {"lr": optimizer.param_groups[0]["lr"]}
+            state,
+            {k: step_values[k] for k in SHOWN if k in step_values} | {"lr": optimizer.param_groups[0]["lr"]},
+            StepTiming(time.perf_counter() - began, data_wait_s),
         )
         if hooks.profiler is not None:
             hooks.profiler.step()

@@ -30,7 +30,7 @@ from dinops.train.coco_eval import STAT_NAMES, evaluate
 from dinops.train.engine import predict
 from dinops.train.logs import metric_lines
 from dinops.train.model_setup import model_config
-from dinops.train.settings import ENV_PREFIX, SETTINGS
+from dinops.train.settings import ENV_PREFIX, MODEL_ENV, SETTINGS
 
 log = logging.getLogger("dinops.eval")
 
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     args = get_args_parser().parse_args(argv)
     try:
-        check_unknown_env(SETTINGS + EXTRA_SETTINGS, (ENV_PREFIX,))
+        check_unknown_env(SETTINGS + EXTRA_SETTINGS + MODEL_ENV, (ENV_PREFIX,))
         resolve(args, EVAL_SETTINGS)
         run(args)
     except (SettingsError, AnnotationError, FileNotFoundError, ValueError) as exc:

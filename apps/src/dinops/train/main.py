@@ -28,7 +28,8 @@ training goes on, for at most ``--s3-retry-minutes``; S3 unreachable for longer 
 Evaluation only: ``--eval true --resume PATH`` (or ``dinops eval``). Reports: console lines with ETA
 (``console.log``), ``log.txt`` (one JSON line per epoch, official DINO field names), TensorBoard events,
 ``<timestamp> name=value ...`` metric lines on stdout for Katib (process 0 only), optional profiler traces
-(``--profile-steps``).
+(``--profile-steps``), and the live state for the API and the web client: ``progress.json`` and Prometheus metrics on
+``--metrics-port`` (process 0 only; :mod:`dinops.train.monitor`).
 """
 
 from __future__ import annotations
@@ -53,16 +54,18 @@ from dinops.data.cache import CacheBudget
 from dinops.data.coco import AnnotationError, CocoDetection
 from dinops.data.loader import ResumableBatchSampler, collate
 from dinops.data.ready import EXTRA_SETTINGS
+from dinops.data.settings import fill_data_paths
 from dinops.data.transforms import eval_transforms, train_transforms
 from dinops.s3 import S3Error, parse_url
 from dinops.settings import SettingsError, add_arguments, check_unknown_env, resolve
 from dinops.train import checkpoints, dist
 from dinops.train.coco_eval import STAT_NAMES, evaluate
-from dinops.train.engine import Hooks, StepState, predict, train_one_epoch
+from dinops.train.engine import Hooks, StepState, StepTiming, predict, train_one_epoch
 from dinops.train.logs import TensorBoard, append_log_txt, metric_line, setup_logging, teardown_logging
 from dinops.train.model_setup import lr_factor, model_config, param_groups
+from dinops.train.monitor import Monitor
 from dinops.train.s3_output import EXIT_S3_UNREACHABLE, S3Output, S3Unreachable
-from dinops.train.settings import ENV_PREFIX, SETTINGS
+from dinops.train.settings import ENV_PREFIX, MODEL_ENV, SETTINGS
 
 log = logging.getLogger("dinops.train")
 metrics_out = logging.getLogger("dinops.metrics")  # `<timestamp> name=value ...` lines on stdout for Katib
@@ -85,21 +88,13 @@ def int_list(text: str, name: str) -> list[int]:
         raise SettingsError(f"{name}={text!r}: expected comma-separated integers") from None
 
 
-def fill_data_paths(args: argparse.Namespace) -> None:
-    """The split folders and annotation files that are not set explicitly, from DATA_ROOT's COCO 2017 layout."""
-    root = Path(args.data_root)
-    args.train_images = args.train_images or str(root / "train2017")
-    args.train_annotations = args.train_annotations or str(root / "annotations" / "instances_train2017.json")
-    args.val_images = args.val_images or str(root / "val2017")
-    args.val_annotations = args.val_annotations or str(root / "annotations" / "instances_val2017.json")
-
-
 def parse_args(argv: list[str] | None, environ: dict[str, str] | None = None) -> argparse.Namespace:
     """Flags, then DINO_* variables, then defaults; reject unknown variables and unusable values."""
     environ = dict(os.environ) if environ is None else environ
     args = get_args_parser().parse_args(argv)
-    check_unknown_env(SETTINGS + EXTRA_SETTINGS, (ENV_PREFIX,), environ)
+    check_unknown_env(SETTINGS + EXTRA_SETTINGS + MODEL_ENV, (ENV_PREFIX,), environ)
     args = resolve(args, SETTINGS, environ)
+    resolve(argparse.Namespace(), MODEL_ENV, environ)  # the model reads these itself: a bad value stops here, not later
     fill_data_paths(args)
     args.train_scales_list = int_list(args.train_scales, "--train-scales")
     args.crop_scales_list = int_list(args.crop_scales, "--crop-scales")
@@ -120,6 +115,8 @@ def parse_args(argv: list[str] | None, environ: dict[str, str] | None = None) ->
     ):
         if getattr(args, name) < 0:
             problems.append(f"--{name.replace('_', '-')} must be >= 0")
+    if args.metrics_port > 65535:
+        problems.append("--metrics-port must be a TCP port (0 = off)")
     if args.checkpoint_every < 1:
         problems.append("--checkpoint-every must be >= 1")
     if len(args.crop_size_list) != 2 or args.crop_size_list[0] > args.crop_size_list[1]:
@@ -246,6 +243,22 @@ def run_evaluation(model, postprocess, val_set, val_loader, device, args) -> tup
 
 
 def train(args: argparse.Namespace) -> int:
+    """Train (or evaluate, with ``--eval``) while process 0 reports the run (:mod:`dinops.train.monitor`)."""
+    rank = int(os.environ.get("RANK", "0"))  # torchrun's; the process group does not exist yet
+    monitor = Monitor(args.output_dir, args.metrics_port, active=rank == 0 and not args.eval)
+    try:
+        status = _train(args, monitor)
+    except BaseException as exc:
+        monitor.state("failed", f"{type(exc).__name__}: {exc}")
+        raise
+    else:
+        monitor.state("done" if status == 0 else "stopped", None if status == 0 else f"exit status {status}")
+        return status
+    finally:
+        monitor.close()
+
+
+def _train(args: argparse.Namespace, monitor: Monitor) -> int:
     from dinops.model import build_criterion, build_dino, load_checkpoint, postprocess
 
     device = setup_device(args)
@@ -283,6 +296,11 @@ def train(args: argparse.Namespace) -> int:
     optimizer = torch.optim.AdamW(
         param_groups(bare, args.lr, args.lr_backbone), lr=args.lr, weight_decay=args.weight_decay, fused=True
     )
+    total_steps = min(args.epochs * steps_per_epoch, args.max_steps or args.epochs * steps_per_epoch)
+    monitor.plan(
+        device=device, epochs=args.epochs, steps_per_epoch=steps_per_epoch, total_steps=total_steps,
+        global_batch=global_batch,
+    )  # fmt: skip
     drop_steps = [e * steps_per_epoch for e in args.lr_drop_list]
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, args.warmup_steps, drop_steps))
     scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")
@@ -297,6 +315,7 @@ def train(args: argparse.Namespace) -> int:
                 resume_from, bare, optimizer, scheduler, scaler, args.model_cfg, global_batch, rank
             )
             mirror.catch_up(state)
+            monitor.resumed(state.global_step)
         log.info("resumed from %s at epoch %d step %d", resume_from, state.epoch, state.step)
 
     if rank == 0:
@@ -338,14 +357,15 @@ def train(args: argparse.Namespace) -> int:
             checkpoints.save_atomic(ckpt, output_dir / checkpoints.LATEST)
             log.info("checkpoint: epoch %d step %d -> %s", s.epoch, s.step, output_dir / checkpoints.LATEST)
             mirror.checkpoint(output_dir / checkpoints.LATEST, s)
+            monitor.checkpointed(output_dir / checkpoints.LATEST, s.epoch, s.global_step)
         dist.barrier()
         mirror.raise_if_failed()  # an earlier upload failed: stop now, with this checkpoint written locally
 
-    hooks = Hooks(
-        should_stop=lambda: stop.requested,
-        save_latest=save_latest,
-        on_step=lambda s, values: tensorboard.scalars("train", values, s.global_step),
-    )
+    def on_step(s: StepState, values: dict[str, float], timing: StepTiming) -> None:
+        tensorboard.scalars("train", values, s.global_step)
+        monitor.step(s, values, timing)
+
+    hooks = Hooks(should_stop=lambda: stop.requested, save_latest=save_latest, on_step=on_step)
     profiler = None
     if args.profile_steps and rank == 0:
         profiler = torch.profiler.profile(
@@ -357,6 +377,7 @@ def train(args: argparse.Namespace) -> int:
 
     began = time.time()
     status = 0
+    monitor.state("training", epoch=state.epoch, step=state.step, global_step=state.global_step)
     while state.epoch < args.epochs:
         epoch_began = time.time()
         train_loader.batch_sampler.set_epoch(state.epoch, state.step * args.accum_steps)
@@ -377,7 +398,11 @@ def train(args: argparse.Namespace) -> int:
         record: dict[str, Any] = {f"train_{k}": v for k, v in train_stats.items()}
         finished = state.epoch == args.epochs or (args.max_steps and state.global_step >= args.max_steps)
         if args.eval_every and (state.epoch % args.eval_every == 0 or finished):
+            monitor.state("evaluating")
             stats, _ = run_evaluation(model, postprocess, val_set, val_loader, device, args)
+            monitor.evaluated(state.epoch - 1, state.global_step, stats)
+            if not finished:
+                monitor.state("training", epoch=state.epoch, step=0)
             record["test_coco_eval_bbox"] = stats
             if stats[0] > state.best_ap:
                 state.best_ap = stats[0]

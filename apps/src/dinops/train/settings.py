@@ -8,24 +8,20 @@ ignored). The resolved values are written to ``OUTPUT_DIR/config.json``. Default
 
 from __future__ import annotations
 
+from dinops.data.settings import CACHE_SETTINGS, DATA_PATH_SETTINGS, ENV_PREFIX
+from dinops.data.settings import setting as _s
+from dinops.model.ms_deform_attn_core import DEFORM_ATTN
 from dinops.s3 import CHECKSUMS
 from dinops.settings import Setting, non_negative_float, non_negative_int
 
-ENV_PREFIX = "DINO_"
+__all__ = ["ENV_PREFIX", "PRESETS", "SETTINGS"]
+
 PRESETS = ("dino-4scale-r50", "tiny")
 
 
-def _s(dest: str, default, help: str, type=str, choices=None) -> Setting:
-    return Setting(dest=dest, default=default, help=help, type=type, env=ENV_PREFIX + dest.upper(), choices=choices)
-
-
 SETTINGS: tuple[Setting, ...] = (
-    # data
-    _s("data_root", "data/coco", "COCO 2017 layout root: train2017/, val2017/, annotations/instances_*.json"),
-    _s("train_images", "", "training image folder (default DATA_ROOT/train2017)"),
-    _s("train_annotations", "", "training annotation file (default DATA_ROOT/annotations/instances_train2017.json)"),
-    _s("val_images", "", "validation image folder (default DATA_ROOT/val2017)"),
-    _s("val_annotations", "", "validation annotation file (default DATA_ROOT/annotations/instances_val2017.json)"),
+    # data (dinops.data.settings: the data commands read them too)
+    *DATA_PATH_SETTINGS,
     _s("train_scales", "480,512,544,576,608,640,672,704,736,768,800", "shorter-side sizes of the multi-scale resize"),
     _s("crop_scales", "400,500,600", "shorter-side sizes before the random crop"),
     _s("crop_size", "384,600", "smallest and largest side of the random crop"),
@@ -33,15 +29,7 @@ SETTINGS: tuple[Setting, ...] = (
     _s("eval_size", 800, "shorter-side size for evaluation", int),
     _s("num_workers", 2, "data loader worker processes per training process", int),
     _s("pin_memory", True, "pin batches in page-locked memory (GPU only)", bool),
-    _s("cache_dir", "", "local folder for decoded images (datasets on slow network storage); empty = off"),
-    _s(
-        "cache_max_gb",
-        0.0,
-        "largest size of the cache in GB (10^9 bytes), training split first, smallest images first; 0 = no bound "
-        "(1 GB of the disk stays free)",
-        non_negative_float,
-    ),
-    _s("cache_workers", 0, "parallel decoders of `dinops cache` (--workers); 0 = one per CPU core", non_negative_int),
+    *CACHE_SETTINGS,
     # model
     _s("model", "dino-4scale-r50", "model preset", choices=PRESETS),
     _s("model_overrides", "", "comma-separated DINOConfig overrides, e.g. 'hidden_dim=128,dec_layers=2'"),
@@ -107,4 +95,15 @@ SETTINGS: tuple[Setting, ...] = (
     _s("tensorboard", True, "write TensorBoard events to OUTPUT_DIR/tensorboard", bool),
     _s("profile_steps", 0, "record a PyTorch profiler trace of this many steps into OUTPUT_DIR/profile", int),
     _s("progress", False, "a progress bar during evaluation (for a person at a terminal)", bool),
+    Setting(
+        "metrics_port",
+        9109,
+        "Prometheus metrics of process 0 on this port, all addresses, /metrics (0 = off); OUTPUT_DIR/progress.json is "
+        "written either way",
+        type=non_negative_int,
+        env="DINO_TRAIN_METRICS_PORT",
+    ),
 )
+
+# Read from the environment by the model itself, not by the app (docs/model.md): accepted, checked at start, no flag.
+MODEL_ENV: tuple[Setting, ...] = (DEFORM_ATTN,)

@@ -165,3 +165,158 @@
   drop.addEventListener("drop", (event) => detect(event.dataTransfer.files[0]));
   render();
 })();
+
+// The training panel: polls api/training (the API's GET /v1/training) and shows the run's state, progress, speed,
+// loss curve (an SVG drawn here), evaluations and the checkpoint the API serves. Text only, as above.
+(function () {
+  const panel = document.getElementById("training");
+  if (!panel) return;
+  const SVG = "http://www.w3.org/2000/svg";
+  const ACTIVE_POLL_MS = 2000; // while a run moves
+  const IDLE_POLL_MS = 5000; // not started, finished, failed: a new run may still begin
+  const $ = (id) => document.getElementById(id);
+  const message = $("training-message");
+  const run = $("training-run");
+  const MESSAGES = {
+    not_started: () =>
+      "No training run has started yet. Its progress appears here as soon as `dinops train` begins writing to the output folder.",
+    waiting_for_data: () => "Training is starting: reading the dataset and waiting for the first batches…",
+    training: (t) => `Training: epoch ${t.epoch + 1} of ${t.epochs}.`,
+    evaluating: (t) => `Evaluating the model after epoch ${t.epoch + 1} of ${t.epochs}…`,
+    done: (t) => `Training finished: ${t.global_step} steps in ${t.epochs} epochs.`,
+    stopped: (t) => `Training stopped (${t.reason || "signal"}); restarted with --resume auto it continues from its last checkpoint.`,
+    failed: (t) => `Training failed: ${t.reason || "no reason given"}.`,
+    unreadable: (t) => `The training progress cannot be read: ${t.reason || "unknown reason"}.`,
+    unavailable: (t) => `The training run cannot be seen from here: ${t.reason || "unknown reason"}.`,
+  };
+
+  function duration(seconds) {
+    if (seconds === undefined) return "measuring…";
+    const s = Math.round(seconds);
+    if (s < 60) return `${s} s`;
+    const m = Math.floor(s / 60);
+    if (m < 60) return `${m} min ${s % 60} s`;
+    return `${Math.floor(m / 60)} h ${m % 60} min`;
+  }
+
+  function gib(bytes) {
+    return `${(bytes / 2 ** 30).toFixed(1)} GiB`;
+  }
+
+  function svgNode(name, attributes, text) {
+    const node = document.createElementNS(SVG, name);
+    Object.entries(attributes).forEach(([key, value]) => node.setAttribute(key, String(value)));
+    if (text !== undefined) node.textContent = text;
+    return node;
+  }
+
+  // Steps along x, loss along y, both from their own minimum to maximum; the four extremes are written at the axes.
+  function drawCurve(points) {
+    const svg = $("training-loss");
+    const [width, height, left, right, top, bottom] = [640, 220, 56, 12, 12, 28];
+    svg.replaceChildren();
+    svg.dataset.points = String(points.length);
+    if (points.length === 0) {
+      svg.appendChild(svgNode("text", { x: width / 2, y: height / 2, "text-anchor": "middle" }, "no step yet"));
+      return;
+    }
+    const xs = points.map((p) => p[0]);
+    const ys = points.map((p) => p[1]);
+    const [x0, x1, y0, y1] = [Math.min(...xs), Math.max(...xs), Math.min(...ys), Math.max(...ys)];
+    const sx = (x) => left + ((x - x0) / (x1 - x0 || 1)) * (width - left - right);
+    const sy = (y) => height - bottom - ((y - y0) / (y1 - y0 || 1)) * (height - top - bottom);
+    svg.appendChild(svgNode("line", { x1: left, y1: height - bottom, x2: width - right, y2: height - bottom }));
+    svg.appendChild(svgNode("line", { x1: left, y1: top, x2: left, y2: height - bottom }));
+    svg.appendChild(svgNode("text", { x: left - 6, y: top + 10, "text-anchor": "end" }, y1.toFixed(2)));
+    svg.appendChild(svgNode("text", { x: left - 6, y: height - bottom, "text-anchor": "end" }, y0.toFixed(2)));
+    svg.appendChild(svgNode("text", { x: left, y: height - 8, "text-anchor": "start" }, `step ${x0}`));
+    svg.appendChild(svgNode("text", { x: width - right, y: height - 8, "text-anchor": "end" }, `step ${x1}`));
+    const line = points.map((p) => `${sx(p[0]).toFixed(1)},${sy(p[1]).toFixed(1)}`).join(" ");
+    svg.appendChild(svgNode("polyline", { points: line }));
+  }
+
+  function showEvaluations(evaluations) {
+    const rows = document.querySelector("#training-evaluations tbody");
+    rows.replaceChildren();
+    evaluations.forEach((e) => {
+      const row = document.createElement("tr");
+      row.className = "evaluation";
+      const cells = [e.epoch + 1, e.global_step];
+      ["ap", "ap50", "ap75"].forEach((k) => cells.push(e[k] === undefined ? "–" : e[k].toFixed(3)));
+      cells.forEach((value) => {
+        const cell = document.createElement("td");
+        cell.textContent = String(value);
+        row.appendChild(cell);
+      });
+      rows.appendChild(row);
+    });
+    $("training-evaluations").hidden = evaluations.length === 0;
+  }
+
+  function showServed(t) {
+    const served = t.served;
+    $("training-served").textContent = served
+      ? `The API serves ${served.checkpoint}` +
+        (served.global_step !== undefined ? ` (step ${served.global_step})` : "") +
+        `, loaded at ${new Date(served.loaded_at).toLocaleString()}.`
+      : "The API has no model loaded yet.";
+  }
+
+  function show(t) {
+    panel.dataset.state = t.state;
+    message.textContent = MESSAGES[t.state](t);
+    showServed(t);
+    const hasRun = t.epochs !== undefined && !["not_started", "unreadable", "unavailable"].includes(t.state);
+    run.hidden = !hasRun;
+    if (!hasRun) return;
+    const total = t.total_steps || t.epochs * t.steps_per_epoch;
+    const progress = $("training-progress");
+    progress.max = total;
+    progress.value = Math.min(t.global_step, total);
+    progress.textContent = `${t.global_step} of ${total} steps`;
+    $("training-epoch").textContent = `${t.epoch + 1} of ${t.epochs}`;
+    $("training-step").textContent = `${t.step} of ${t.steps_per_epoch} (${t.global_step} of ${total} in all)`;
+    $("training-eta").textContent = t.state === "done" ? "none" : duration(t.eta_s);
+    $("training-speed").textContent =
+      t.images_per_s === undefined ? "measuring…" : `${t.images_per_s.toFixed(1)} images/s, ${t.step_s.toFixed(3)} s/step`;
+    const gpu = t.gpu;
+    $("training-gpu-row").hidden = !gpu;
+    if (gpu) {
+      const parts = [];
+      if (gpu.utilization_percent !== undefined) parts.push(`${gpu.utilization_percent}% busy`);
+      if (gpu.memory_allocated_bytes !== undefined) {
+        const of = gpu.memory_total_bytes ? ` of ${gib(gpu.memory_total_bytes)}` : "";
+        parts.push(`${gib(gpu.memory_allocated_bytes)}${of} memory`);
+      }
+      $("training-gpu").textContent = `${gpu.name || "GPU"}: ${parts.join(", ")}`;
+    }
+    drawCurve(t.loss_curve);
+    showEvaluations(t.evaluations);
+  }
+
+  async function poll() {
+    let next = IDLE_POLL_MS;
+    try {
+      const response = await fetch("api/training", { headers: { Accept: "application/json" } });
+      if (response.status === 401) {
+        window.location.assign("login?expired=1");
+        return;
+      }
+      const body = await response.json();
+      if (!response.ok || !MESSAGES[body.state]) {
+        panel.dataset.state = "error";
+        message.textContent = typeof body.error === "string" ? body.error : `The training report failed (HTTP ${response.status}).`;
+      } else {
+        show(body);
+        if (["waiting_for_data", "training", "evaluating"].includes(body.state)) next = ACTIVE_POLL_MS;
+      }
+    } catch (error) {
+      panel.dataset.state = "error";
+      message.textContent = "The web server cannot be reached; trying again…";
+    }
+    panel.dataset.polls = String(Number(panel.dataset.polls || 0) + 1);
+    window.setTimeout(poll, next);
+  }
+
+  poll();
+})();
