@@ -15,8 +15,12 @@ What is checked, in order, on one run of the whole stack:
 5. A real Chromium uploads a validation image to the client on port 30000 and finds boxes drawn, labelled with the
    dataset's names (circle, square, triangle), never COCO's; the screenshot is the README's.
 6. A second `make up` changes nothing (changed=0); a changed inference setting recreates dinops-serve alone.
-7. The README's teardown removes the containers and keeps the data; the workloads stage brings them back on the
-   same dataset and checkpoint.
+7. The client made public at this machine's own address (dinops_publish_address, docs/security.md): only the client
+   is recreated, published there alone, over TLS only (the generated certificate verified for that address), behind a
+   login with the generated root-only password that no output shows; the validator checks it over HTTPS; without the
+   setting it is back on loopback.
+8. The README's teardown removes the containers and keeps the data; the workloads stage brings them back on the
+   same dataset and checkpoint (and the client back on loopback).
 
 The images are the ones the images stage built on this machine's Docker (the same content-hash tags, so `make up`
 finds them): an inner daemon would fall back to the vfs driver, where the torch image costs minutes and gigabytes
@@ -29,13 +33,17 @@ Marked ``newcomer``; `make test` runs it as its own stage (it stops this machine
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import re
 import shutil
 import signal
+import ssl
 import subprocess
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -308,6 +316,102 @@ def test_a_second_make_up_changes_nothing(demo):
     recap = _recap(done.stdout)
     changed = re.findall(r"changed: \[localhost\].*", done.stdout)
     assert recap["changed"] == 0, changed
+
+
+def _host_address() -> str:
+    """The address a user's browser would use for this VM: the source of its default route (Ansible's
+    default_ipv4, which the workloads stage prints as the public address)."""
+    route = subprocess.run(["ip", "-4", "-o", "route", "get", "8.8.8.8"], capture_output=True, text=True, check=True)
+    match = re.search(r"\bsrc (\S+)", route.stdout)
+    assert match, route.stdout
+    return match.group(1)
+
+
+def _https(context: ssl.SSLContext, url: str, data: bytes | None = None, headers: dict | None = None):
+    """One request over TLS without following redirects: (status, headers, body)."""
+
+    class Stay(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args, **kwargs):
+            return None
+
+    opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=context), Stay())
+    request = urllib.request.Request(url, data=data, headers=headers or {}, method="POST" if data else "GET")
+    try:
+        with opener.open(request, timeout=60) as answer:
+            return answer.status, answer.headers, answer.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers, error.read()
+
+
+def test_a_public_address_asks_for_a_login_over_tls(demo):
+    """dinops_publish_address set to the VM's own address (the one setting docs/security.md names): the client is
+    published there only, over TLS with the generated certificate, behind a login with the generated password; the
+    stage prints where the password is, never the password; the validator checks the client over HTTPS."""
+    address = _host_address()
+    before = {name: _inspect(name)["Id"] for name in CONTAINERS}
+    extra = json.dumps({"dinops_publish_address": address})
+    done, seconds = _playbook("playbooks/workloads.yml", "-e", extra, log="newcomer-workloads-public.log")
+    print(f"newcomer: the client made public at {address} in {seconds:.0f} s")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    password = Path("/etc/dinops/client-password").read_text().strip()
+    assert len(password) >= 16
+    assert Path("/etc/dinops/client-password").stat().st_mode & 0o077 == 0
+    assert password not in done.stdout + done.stderr
+    assert f"https://{address}:30000/" in done.stdout
+    assert "sudo cat /etc/dinops/client-password" in done.stdout
+    after = {name: _inspect(name)["Id"] for name in CONTAINERS}
+    assert [name for name in CONTAINERS if before[name] != after[name]] == ["dinops-client"]
+    bindings = _inspect("dinops-client")["NetworkSettings"]["Ports"]["8080/tcp"]
+    assert {(b["HostIp"], b["HostPort"]) for b in bindings} == {(address, "30000")}
+    _wait("the public client to answer over TLS", lambda: _probe_tls(address), timeout=120)
+    # Plain HTTP carries no credential anywhere: the port speaks TLS only.
+    with pytest.raises((urllib.error.URLError, ConnectionError, http.client.HTTPException)):
+        urllib.request.urlopen(f"http://{address}:30000/login", timeout=10).read()
+    # The certificate names this address: verified, not skipped.
+    tls = ssl.create_default_context(cafile="/etc/dinops/tls/client.crt")
+    base = f"https://{address}:30000"
+    status, headers, _ = _https(tls, f"{base}/")
+    assert status == 303 and headers["Location"].endswith("/login"), (status, dict(headers))
+    image = sorted((DATA / "dinops-dataset" / "coco" / "val2017").glob("*.jpg"))[0]
+    jpeg = {"Content-Type": "image/jpeg"}
+    status, _, body = _https(tls, f"{base}/api/detect", image.read_bytes(), jpeg)
+    assert status == 401 and json.loads(body)["login"] is True, (status, body[:300])
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    wrong = urllib.parse.urlencode({"user": "dinops", "password": "not-" + password}).encode()
+    status, _, _ = _https(tls, f"{base}/login", wrong, form)
+    assert status == 401
+    login = urllib.parse.urlencode({"user": "dinops", "password": password}).encode()
+    status, headers, _ = _https(tls, f"{base}/login", login, form)
+    assert status == 303, status
+    cookie = headers["Set-Cookie"]
+    assert "Secure" in cookie and "HttpOnly" in cookie, cookie
+    session = {**jpeg, "Cookie": cookie.split(";")[0]}
+    status, _, body = _https(tls, f"{base}/api/detect", image.read_bytes(), session)
+    assert status == 200, body[:300]
+    assert {d["name"] for d in json.loads(body)["detections"]} <= DEMO_NAMES
+    verify = ["scripts/verify.sh", "--json", "-i", "inventories/local", "-e", extra]
+    verdict, _ = _run(verify, log="newcomer-verify-public.log")
+    assert verdict.returncode == 0, verdict.stdout[-4000:] + verdict.stderr[-2000:]
+    checks = [c for results in json.loads(verdict.stdout)["hosts"].values() for c in results]
+    client = [c for c in checks if f"https://{address}:30000" in c.get("detail", "")]
+    assert client and all(c["status"] == "pass" for c in client), checks
+    # Without the setting the client is back on loopback, plain HTTP, no login: again the client alone is recreated.
+    done, seconds = _playbook("playbooks/workloads.yml", log="newcomer-workloads-loopback.log")
+    print(f"newcomer: the client back on loopback in {seconds:.0f} s")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    again = {name: _inspect(name)["Id"] for name in CONTAINERS}
+    assert [name for name in CONTAINERS if after[name] != again[name]] == ["dinops-client"]
+    bindings = _inspect("dinops-client")["NetworkSettings"]["Ports"]["8080/tcp"]
+    assert {(b["HostIp"], b["HostPort"]) for b in bindings} == {("127.0.0.1", "30000")}
+
+
+def _probe_tls(address: str) -> bool:
+    context = ssl.create_default_context(cafile="/etc/dinops/tls/client.crt")
+    try:
+        status, _, _ = _https(context, f"https://{address}:30000/login")
+    except (OSError, ssl.SSLError):
+        return False
+    return status == 200
 
 
 def test_a_changed_setting_recreates_only_its_container(demo):
