@@ -200,6 +200,18 @@ def test_cli_refuses_unknown_variables_and_missing_checkpoint(monkeypatch, capsy
     assert "missing.pth: no such file" in capsys.readouterr().err
 
 
+def test_cli_accepts_the_models_own_setting_and_refuses_a_bad_value(monkeypatch, capsys, tmp_path):
+    # DINO_DEFORM_ATTN is read by the model (dinops.model.ms_deform_attn_core): a pod that sets it must start, and a
+    # misspelt value must stop `dinops serve` at once (exit 2, the name in the message), not at the first request.
+    monkeypatch.delenv("DINO_CHECKPOINT", raising=False)
+    monkeypatch.setenv("DINO_DEFORM_ATTN", "pure")
+    assert serve_main(["--checkpoint", str(tmp_path / "missing.pth")]) == 2
+    assert "missing.pth: no such file" in capsys.readouterr().err
+    monkeypatch.setenv("DINO_DEFORM_ATTN", "fast")
+    assert serve_main(["--checkpoint", str(tmp_path / "missing.pth")]) == 2
+    assert "DINO_DEFORM_ATTN" in capsys.readouterr().err
+
+
 def test_service_links_are_filtered():
     env = {
         "DINO_API_PORT": "tcp://1.2.3.4:80",

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from dinops import logs, s3
-from dinops.serve.settings import ENV_PREFIXES, MODEL_ENV, SETTINGS
+from dinops.serve.settings import ENV_PREFIXES, SETTINGS
 from dinops.settings import SettingsError, add_arguments, resolve_from_env
 
 log = logging.getLogger("dinops.serve")
@@ -97,7 +97,11 @@ def s3_checkpoint_usable(args: argparse.Namespace) -> bool:
 def main(argv: list[str] | None = None) -> int:
     args = get_args_parser().parse_args(argv)
     try:
-        resolve_from_env(args, SETTINGS + MODEL_ENV, ENV_PREFIXES, "dinops serve")
+        # The model reads DINO_DEFORM_ATTN itself: accepted and checked here, imported here only (the web client
+        # imports this module for run_gunicorn and must not import torch).
+        from dinops.model.ms_deform_attn_core import DEFORM_ATTN
+
+        resolve_from_env(args, (*SETTINGS, DEFORM_ATTN), ENV_PREFIXES, "dinops serve")
     except SettingsError as exc:
         print(f"dinops serve: {exc}", file=sys.stderr)
         return 2

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 
-from dinops.model.ms_deform_attn_core import DEFORM_ATTN
 from dinops.settings import Setting, fraction, non_negative_float, non_negative_int, positive_float, positive_int
 
 ENV_PREFIXES = ("DINO_",)
@@ -255,6 +254,3 @@ SETTINGS: tuple[Setting, ...] = (
         "log_format", "json", "json (one object per line) or text", env="DINO_LOG_FORMAT", choices=("json", "text")
     ),
 )
-
-# Read from the environment by the model itself, not by the app (docs/model.md): accepted, checked at start, no flag.
-MODEL_ENV: tuple[Setting, ...] = (DEFORM_ATTN,)
