@@ -146,6 +146,14 @@ def clean_answer(body: Any) -> dict[str, Any]:
     return {"width": int(_number(body["width"])), "height": int(_number(body["height"])), "detections": detections}
 
 
+API_REFUSED = "The web client is not allowed to use the detection service (check DINO_API_TOKEN)."
+
+
+def _api_auth(config: Mapping[str, Any]) -> dict[str, str]:
+    """The header that carries the API token to the API, when one is set."""
+    return {"Authorization": f"Bearer {config['API_TOKEN']}"} if config["API_TOKEN"] else {}
+
+
 @bp.post("/api/detect")
 def detect():
     config = current_app.config
@@ -154,9 +162,7 @@ def detect():
     data = request.get_data(cache=False)  # in memory, bounded by MAX_CONTENT_LENGTH; never a file
     if not data:
         raise ClientError(400, "The file is empty.")
-    headers = {"Content-Type": request.mimetype}
-    if config["API_TOKEN"]:
-        headers["Authorization"] = f"Bearer {config['API_TOKEN']}"
+    headers = {"Content-Type": request.mimetype, **_api_auth(config)}
     started = time.perf_counter()
     try:
         answer = current_app.extensions["api_session"].post(
@@ -236,15 +242,14 @@ def clean_training(body: Any) -> dict[str, Any]:
 def training():
     """The training run as the API reports it (``GET /v1/training``), for the page's training panel."""
     config = current_app.config
-    headers = {"Authorization": f"Bearer {config['API_TOKEN']}"} if config["API_TOKEN"] else {}
     try:
         answer = current_app.extensions["api_session"].get(
-            config["API_URL"] + "/v1/training", headers=headers, timeout=(5, 10)
+            config["API_URL"] + "/v1/training", headers=_api_auth(config), timeout=(5, 10)
         )
     except requests.RequestException:
         raise ClientError(502, "The detection service cannot be reached, so the training run is not known.") from None
     if answer.status_code == 401:
-        raise ClientError(502, "The web client is not allowed to use the detection service (check DINO_API_TOKEN).")
+        raise ClientError(502, API_REFUSED)
     if answer.status_code == 404:
         raise ClientError(502, "This detection service does not report training runs (an older version).")
     try:
@@ -309,7 +314,7 @@ def _interpret(answer: requests.Response) -> dict[str, Any]:
             answer.headers.get("Retry-After"),
         )
     if answer.status_code == 401:
-        raise ClientError(502, "The web client is not allowed to use the detection service (check DINO_API_TOKEN).")
+        raise ClientError(502, API_REFUSED)
     if 400 <= answer.status_code < 500:
         raise ClientError(
             answer.status_code, f"The image was rejected: {api_message or 'HTTP ' + str(answer.status_code)}"
