@@ -7,6 +7,7 @@ rearrangement is checked on its own in float64, where float32 rounding cannot hi
 from __future__ import annotations
 
 import copy
+import platform
 from collections.abc import Callable
 from pathlib import Path
 
@@ -154,9 +155,33 @@ def test_an_optimized_model_is_neither_saved_nor_loaded_into(
         load_checkpoint(model, tmp_path / "good.pth")
 
 
-def test_bfloat16_support_is_onednns_answer(monkeypatch: pytest.MonkeyPatch) -> None:
-    expected = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    assert fast.cpu_bfloat16_supported() is bool(expected)
+def _cpu_flags() -> set[str]:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+@pytest.mark.skipif(
+    platform.machine() not in {"x86_64", "AMD64"} or not Path("/proc/cpuinfo").is_file(), reason="x86 Linux flags"
+)
+def test_bfloat16_counts_as_native_only_where_the_cpu_has_bf16_instructions() -> None:
+    """The kernel's CPU flags are the outside fact: avx512_bf16 or amx_bf16 (Linux's names for AVX-512 BF16 and AMX's
+    bfloat16 tiles). oneDNN's own test also says yes on AVX-512 cores without them, where bfloat16 is emulated."""
+    flags = _cpu_flags()
+    hardware = bool({"avx512_bf16", "amx_bf16"} & flags)
+    assert fast.cpu_bfloat16_supported() is (hardware and torch.backends.mkldnn.is_available()), sorted(
+        f for f in flags if f.startswith(("avx512", "amx"))
+    )
+
+
+def test_bfloat16_support_needs_the_instructions_and_onednn(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
+    assert fast.cpu_bfloat16_supported() is False  # an AVX-512 core without BF16: oneDNN says yes, emulated
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    assert fast.cpu_bfloat16_supported() is torch.backends.mkldnn.is_available()
 
     def broken() -> bool:
         raise RuntimeError("no such op on this build")

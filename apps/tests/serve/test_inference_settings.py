@@ -11,7 +11,7 @@ from PIL import Image
 
 from dinops.serve import threads
 from dinops.serve.app import settings_config
-from dinops.serve.detector import ModelLoadError, load_detector
+from dinops.serve.detector import ModelLoadError, load_detector, resolve_precision
 from dinops.serve.testing import write_small_checkpoint
 
 ENV = {"DINO_MIN_SIZE": "96", "DINO_MAX_SIZE": "128", "DINO_DEVICE": "cpu"}
@@ -65,6 +65,48 @@ def test_bf16_on_a_cpu_with_native_bfloat16_runs_under_autocast(
     handle.remove()
     assert seen and set(seen) == {torch.bfloat16}
     assert prediction.scores and all(0.0 <= s <= 1.0 for s in prediction.scores)
+
+
+def _forward_dtypes(detector) -> set[torch.dtype]:
+    seen: list[torch.dtype] = []
+    handle = detector.model.transformer.encoder.layers[0].linear2.register_forward_hook(
+        lambda _m, _i, out: seen.append(out.dtype)
+    )
+    detector.forward([_image()], [(90, 120)])
+    handle.remove()
+    return set(seen)
+
+
+def test_by_default_a_cpu_that_would_emulate_bfloat16_runs_fp32(
+    checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("dinops.model.inference.cpu_bfloat16_supported", lambda: False)
+    detector = _detector(checkpoint)
+    assert detector.precision == "fp32"
+    assert _forward_dtypes(detector) == {torch.float32}
+
+
+def test_by_default_a_cpu_with_native_bfloat16_runs_bf16(checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DINO_PRECISION=auto (the default) takes bfloat16 where the CPU computes it natively: its AP cost on the
+    learning proof's trained model is -0.0017, within the 0.005 the choice allows (docs/model.md)."""
+    monkeypatch.setattr("dinops.model.inference.cpu_bfloat16_supported", lambda: True)
+    detector = _detector(checkpoint)
+    assert detector.precision == "bf16"
+    assert _forward_dtypes(detector) == {torch.bfloat16}
+    assert _detector(checkpoint, DINO_PRECISION="fp32").precision == "fp32"
+
+
+def test_auto_is_fp32_on_a_gpu_and_leaves_an_explicit_choice_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("dinops.model.inference.cpu_bfloat16_supported", lambda: True)
+    assert resolve_precision("auto", torch.device("cuda", 0)) == "fp32"
+    assert resolve_precision("auto", torch.device("cpu")) == "bf16"
+    for explicit in ("fp32", "bf16", "fp16"):
+        assert resolve_precision(explicit, torch.device("cpu")) == explicit
+
+
+def test_an_unknown_precision_is_refused_with_the_choices() -> None:
+    with pytest.raises(ValueError, match="auto"):
+        settings_config({**ENV, "DINO_PRECISION": "int8"})
 
 
 def _cgroup(tmp_path: Path, files: dict[str, str]) -> Path:

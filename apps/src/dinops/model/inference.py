@@ -129,10 +129,14 @@ def optimize_for_inference(model: nn.Module, *, chunk_tokens: int = DEFAULT_CHUN
 
 
 def cpu_bfloat16_supported() -> bool:
-    """Whether this CPU runs bfloat16 matrix products natively (oneDNN's own test, which asks for AVX-512 BF16 or
-    AMX: ``torch.ops.mkldnn._is_mkldnn_bf16_supported``). Elsewhere bfloat16 is emulated; on the AVX2 build machine
-    a bfloat16 matrix product ran at 1.1 GFLOP/s against 177 in float32, so the bf16 mode refuses such CPUs."""
+    """Whether this CPU computes bfloat16 matrix products in hardware: AVX-512 BF16 or AMX (PyTorch's own cpuinfo
+    tests, ``torch.cpu._is_avx512_bf16_supported`` and ``_is_amx_tile_supported``), with oneDNN built in. oneDNN's
+    ``_is_mkldnn_bf16_supported`` alone is not that answer: it also says yes on AVX-512 without BF16 (any AVX-512
+    BW/VL/DQ core, e.g. Cascade Lake), where bfloat16 is converted in software: there a bfloat16 matrix product ran
+    at 16 GFLOP/s against 39 in float32 (a 2-core Cascade Lake build machine), and on the AVX2 build machine, where
+    oneDNN says no, at 1.1 against 177. Such CPUs run float32."""
     try:
-        return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        hardware = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+        return bool(hardware and torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
         return False
