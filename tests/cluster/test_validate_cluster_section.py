@@ -62,8 +62,8 @@ def probes(*, pci=1, nodes=(), claims=(), daemon=None, gpu_pod=None, api=None, c
     return {
         "dinops_cluster": cluster,
         "__validate_cluster_kubeconfig": "/etc/dinops/kubeconfig",
-        "__validate_cluster_nodeport": 30000,
-        "__validate_client_base": "http://127.0.0.1",
+        "__validate_cluster_client_port": 30000,
+        "__validate_cluster_client_base": "http://127.0.0.1",
         "__validate_cluster_gpu_replicas": 1,
         "__validate_pci_result": {"stdout": str(pci)},
         "__validate_cluster_kubeconfig_result": {"stat": {"exists": True}},
@@ -146,6 +146,11 @@ STATES = {
         probes(**HEALTHY, api={"error": 'deployments.apps "dinops-client" not found'}, client=-1),
         {"workloads": ["dinops-download", "dinops-train"], "serve": {"state": "not-applied"}, "train": "started"},
     ),
+    "k3s-ingress": {
+        **probes(cluster="k3s", **HEALTHY),
+        "__validate_cluster_client_port": 443,
+        "__validate_cluster_client_base": "https://203.0.113.7",
+    },
     "k3s-time-sliced": {
         **probes(cluster="k3s", nodes=[node("gpu-1", gpus=2)], claims=HEALTHY["claims"]),
         "__validate_cluster_gpu_replicas": 2,
@@ -190,6 +195,44 @@ CHECKS = [
 
 def statuses(verdict):
     return [verdict[check][0] for check in CHECKS]
+
+
+def test_behind_the_ingress_the_page_is_asked_over_https_on_443(verdicts):
+    assert verdicts["k3s-ingress"]["client_nodeport"] == ("pass", "GET https://203.0.113.7:443/ answered 200")
+
+
+@pytest.mark.parametrize(
+    ("extra", "url"),
+    [
+        ({}, "http://127.0.0.1:30000"),
+        ({"dinops_publish_address": "203.0.113.7"}, "https://203.0.113.7:30000"),
+        ({"workloads_ingress": True, "dinops_publish_address": "203.0.113.7"}, "https://203.0.113.7:443"),
+        (
+            {"workloads_ingress": True, "ansible_facts": {"default_ipv4": {"address": "10.1.2.3"}}},
+            "https://10.1.2.3:443",
+        ),
+    ],
+)
+def test_the_role_asks_the_client_where_it_is_published(tmp_path, extra, url):
+    """The role's own defaults and vars: the NodePort on loopback or the published address; with the ingress (no
+    NodePort, k8s/components/ingress) the node's 443 over HTTPS, at the host's address when the client is not
+    published elsewhere."""
+    role = REPO / "roles" / "validate"
+    tasks = [
+        {"ansible.builtin.include_vars": str(role / "defaults" / "main.yml")},
+        {"ansible.builtin.include_vars": str(role / "vars" / "main.yml")},
+        {
+            "ansible.builtin.copy": {
+                "content": "{{ __validate_cluster_client_base }}:{{ __validate_cluster_client_port }}",
+                "dest": str(tmp_path / "url"),
+                "mode": "0644",
+            },
+            "vars": {"__validate_cluster_nodeport": 30000},
+        },
+    ]
+    play = [{"hosts": "localhost", "connection": "local", "gather_facts": False, "vars": extra, "tasks": tasks}]
+    run_playbook(tmp_path, play, config=f"filter_plugins = {role / 'filter_plugins'}\n")
+    assert (tmp_path / "url").read_text() == url
 
 
 def test_a_healthy_gpu_cluster_passes_every_check(verdicts):

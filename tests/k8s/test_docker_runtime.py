@@ -19,8 +19,12 @@ from k8s.k8s_render import DOCKER_VARIANTS, MULTINODE_VARIANTS, SITE_VARIANTS, l
 DOCKER = load_workloads_filters("docker_runtime")
 WORKLOADS = load_workloads_filters()
 SETTINGS = {"data_dir": "/var/lib/dinops/volumes", "network": "dinops"}
-# One host's Docker: the k3s layers across hosts (node selectors, shared volumes) are not this runtime's.
-ALL_VARIANTS = {**{k: v for k, v in SITE_VARIANTS.items() if k not in MULTINODE_VARIANTS}, **DOCKER_VARIANTS}
+# One host's Docker: the k3s layers across hosts (node selectors, shared volumes) are not this runtime's, nor the
+# ingress, which needs k3s' controller (refused on Docker: tests/k8s/test_ingress_security.py).
+ALL_VARIANTS = {
+    **{k: v for k, v in SITE_VARIANTS.items() if k not in MULTINODE_VARIANTS and not v.get("ingress")},
+    **DOCKER_VARIANTS,
+}
 
 
 @pytest.fixture(scope="module")

@@ -83,7 +83,8 @@ def predictor(objects: list[dict]) -> dict:
 
 
 def env_list(container: dict) -> dict[str, str]:
-    return {item["name"]: item.get("value") for item in container.get("env", [])}
+    """Explicit env only; a value from a Secret (valueFrom) reads "", as in k8s_render.container_env."""
+    return {item["name"]: item.get("value", "") for item in container.get("env", [])}
 
 
 # --- The drift test: the predictor is the Deployment's pod --------------------------------------------------------

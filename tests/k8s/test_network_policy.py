@@ -151,8 +151,11 @@ def check_isolation(objects: list[dict], ingress: bool, s3_serve: bool) -> None:
     assert allowed(objects, SERVE, (DNS_NAMESPACE, DNS), 53, "UDP")
     assert not allowed(objects, SERVE, (OWN, CLIENT), 8080)
     assert allowed(objects, SERVE, OUTSIDE, 443) is s3_serve
-    # The client stays reachable: it is the published endpoint.
-    assert allowed(objects, {"app.kubernetes.io/name": "anything"}, (OWN, CLIENT), 8080)
+    # The client stays reachable: it is the published endpoint; behind the ingress, through the controller only.
+    assert allowed(objects, {"app.kubernetes.io/name": "anything"}, (OWN, CLIENT), 8080) is not ingress
+    for namespace, pod in (TRAEFIK, NGINX):
+        policies = [o for o in objects if o["kind"] == "NetworkPolicy"]
+        assert direction_allows(policies, "Ingress", CLIENT, namespace, pod, None, "dinops-client", 8080, "TCP")
 
 
 def pod_specs(node) -> list[dict]:

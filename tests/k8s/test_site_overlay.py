@@ -85,6 +85,12 @@ def test_ingress_only_when_asked(rendered_sites):
     assert {site for site, found in ingresses.items() if found} == {"rtx3060ti-inference"}
     paths = ingresses["rtx3060ti-inference"][0]["spec"]["rules"][0]["http"]["paths"]
     assert {p["path"]: p["backend"]["service"]["name"] for p in paths} == {"/v1": "dinops-serve", "/": "dinops-client"}
+    # Behind the controller the client believes one proxy's X-Forwarded-* (its same-origin check sees https://host);
+    # a client reached directly believes none, or any caller could claim another origin or address.
+    for site, objects in rendered_sites.items():
+        client = [o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == "dinops-client"]
+        hops = [container_env(objects, pod_spec(c)["containers"][0]).get("CLIENT_PROXY_HOPS") for c in client]
+        assert hops == (["1"] if ingresses[site] else [None] * len(client)), site
 
 
 def test_static_volumes_bind_by_label(rendered_sites):

@@ -254,3 +254,59 @@ def test_a_password_file_gone_at_run_time_locks_everything(login_client, passwor
     assert detect(client).status_code == 503 and fake_api.received == []
     assert log_in(client).status_code == 503
     assert f"CLIENT_PASSWORD_FILE={password_file} is unusable" in caplog.text
+
+
+def test_behind_the_proxy_the_failure_limit_counts_the_forwarded_address(login_client):
+    client = login_client(PROXY_HOPS=1, LOGIN_MAX_FAILURES=2, LOGIN_FAILURE_WINDOW_S=60)
+    proxy = {"environ_base": {"REMOTE_ADDR": "10.42.0.7"}}  # every request comes from the ingress controller's pod
+
+    def through_proxy(password, address):
+        headers = {"Origin": "https://public.example", "X-Forwarded-Proto": "https",
+                   "X-Forwarded-Host": "public.example", "X-Forwarded-For": address}  # fmt: skip
+        return client.post("/login", data={"user": "dinops", "password": password}, headers=headers, **proxy)
+
+    for _ in range(2):
+        assert through_proxy("guess", "198.51.100.7").status_code == 401
+    assert through_proxy(PASSWORD, "198.51.100.7").status_code == 429
+    # not the proxy's address that is locked out, and a caller cannot pick another one: the proxy appends the address
+    # it saw, the last entry is the one believed
+    assert through_proxy(PASSWORD, "203.0.113.9").status_code == 303
+    assert through_proxy(PASSWORD, "203.0.113.9, 198.51.100.7").status_code == 429
+
+
+# --- the probes: an anonymous caller learns ready or not, nothing else ---------------------------------------------
+
+STRANGER = {"environ_base": {"REMOTE_ADDR": "198.51.100.7"}}  # the Flask test client's default is 127.0.0.1
+
+
+@pytest.mark.parametrize("api_state", ["ready", "waiting", "down"])
+def test_an_anonymous_caller_of_readyz_learns_nothing_but_ready(login_client, fake_api, make_client, api_state):
+    if api_state == "waiting":
+        fake_api.ready_reply = {"status": 503, "json": {"status": "waiting for a model", "code": "model_waiting",
+                                                        "checkpoint": "/models/secret-run/checkpoint.pth"}}  # fmt: skip
+    client = login_client(API_URL="http://127.0.0.1:9") if api_state == "down" else login_client()
+    for answer in (client.get("/readyz", **STRANGER), client.get("/healthz", **STRANGER)):
+        assert answer.status_code == 200
+        text = answer.get_data(as_text=True)
+        assert set(answer.get_json()) == {"status"}, text
+        for secret in ("api", "model", "checkpoint", "secret-run", "127.0.0.1", "http", "waiting", "unreachable"):
+            assert secret not in text, (secret, text)
+    assert client.get("/readyz", **STRANGER).get_json() == {"status": "ready"}
+
+
+def test_readyz_details_for_a_session_or_the_health_check_on_loopback(login_client, fake_api):
+    fake_api.ready_reply = {"status": 503, "json": {"status": "waiting for a model", "checkpoint": "/models/c.pth"}}
+    client = login_client()
+    detailed = {"status": "ready", "api": "waiting for a model (/models/c.pth)"}
+    assert client.get("/readyz").get_json() == detailed  # 127.0.0.1: the container's own HEALTHCHECK
+    assert client.get("/readyz", headers={"X-Forwarded-For": "198.51.100.7"}).get_json() == {"status": "ready"}
+    log_in(client, **STRANGER)
+    assert client.get("/readyz", **STRANGER).get_json() == detailed
+    behind = login_client(PROXY_HOPS=1)
+    # a forwarded 127.0.0.1 is not loopback: only the connection's own address is
+    claimed = behind.get("/readyz", headers={"X-Forwarded-For": "127.0.0.1"}, **STRANGER)
+    assert claimed.get_json() == {"status": "ready"}
+
+
+def test_without_a_login_readyz_keeps_its_details(client, fake_api):
+    assert client.get("/readyz", **STRANGER).get_json() == {"status": "ready", "api": "ready"}

@@ -3,7 +3,9 @@
 ``dinops_publish_public(address)``: whether dinops_publish_address publishes the client beyond this host (any address
 but loopback), which makes a login and TLS mandatory (k8s/components/client-auth).
 ``dinops_client_access(settings)``: the lines the stage prints: the URL, and for a loopback client the SSH tunnel a
-user runs from their own machine; for a public one where the password is, never the password.
+user runs from their own machine; for a public one where the password is, never the password. Behind the ingress
+(workloads_ingress, k8s/components/ingress) the client is public whatever the publish address (the controller listens
+on every node's 443): the ingress URL over https, where the password is, and where the API's token is.
 """
 
 from __future__ import annotations
@@ -37,13 +39,39 @@ def _url_host(address: str) -> str:
     return f"[{address}]" if ":" in address else address
 
 
+def _password_where(settings: dict[str, Any]) -> str:
+    if settings.get("password_file"):
+        return f"sudo cat {settings['password_file']} on the host"
+    return "the inventory's workloads_client_password"
+
+
+def _ingress_access(settings: dict[str, Any], address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> list[str]:
+    """Behind the ingress: HTTPS on 443 only, the login always, the API under /v1 with its token."""
+    host = str(settings["public_address"]) if address.is_loopback or address.is_unspecified else str(address)
+    url = f"https://{_url_host(host)}/"
+    token = (
+        f"sudo cat {settings['api_token_file']} on the host"
+        if settings.get("api_token_file")
+        else "the key api-token of the Secret dinops-client-auth"
+    )
+    return [
+        f"Web client: {url} through the ingress (log in as {CLIENT_USER}, password: {_password_where(settings)}; "
+        "TLS with the client's certificate, self-signed when generated, see docs/security.md). HTTPS only.",
+        f"Inference API through the ingress: {url}v1/ with the header 'Authorization: Bearer <token>' (token: "
+        f"{token}).",
+    ]
+
+
 def client_access(settings: dict[str, Any]) -> list[str]:
     """The lines about the client. ``settings``: publish_address (dinops_publish_address), public_address (the host's
     address or name for a URL when the client is published on every address), port (the host port), ssh_host and
     ssh_user (where a user's SSH reaches this host), password_file (where a generated password is kept, '' when the
-    inventory gave it)."""
+    inventory gave it), ingress (workloads_ingress: the client and the API behind the cluster's ingress controller) and
+    api_token_file (where the API's generated token is kept)."""
     publish = str(settings["publish_address"]).strip()
     address = _address(publish)
+    if settings.get("ingress"):
+        return _ingress_access(settings, address)
     port = int(settings["port"])
     if address.is_loopback:
         user = settings.get("ssh_user")
@@ -56,13 +84,9 @@ def client_access(settings: dict[str, Any]) -> list[str]:
             f"http://127.0.0.1:{port}/ (docs/security.md).",
         ]
     host = str(settings["public_address"]) if address.is_unspecified else publish
-    where = (
-        f"sudo cat {settings['password_file']} on the host"
-        if settings.get("password_file")
-        else "the inventory's workloads_client_password"
-    )
     return [
-        f"Web client: https://{_url_host(host)}:{port}/ (public: log in as {CLIENT_USER}, password: {where}; "
+        f"Web client: https://{_url_host(host)}:{port}/ (public: log in as {CLIENT_USER}, password: "
+        f"{_password_where(settings)}; "
         "a generated certificate is self-signed, see docs/security.md). The client serves HTTPS only.",
     ]
 

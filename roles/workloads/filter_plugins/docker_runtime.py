@@ -199,21 +199,27 @@ def _health(main: dict[str, Any], ports: dict[str, int], where: str) -> dict[str
     return check
 
 
-def _fail_exit_codes(policy: dict[str, Any] | None, main: dict[str, Any], where: str) -> list[int]:
+def _exit_code_rules(policy: dict[str, Any] | None, main: dict[str, Any], where: str) -> dict[str, list[int]]:
     """A Job's podFailurePolicy (https://kubernetes.io/docs/concepts/workloads/controllers/job/#pod-failure-policy)
-    for its one container: the exit codes that fail the Job at once (FailJob, onExitCodes In), which
-    docker_job_state reports as failed at the first such exit instead of after the restart policy's retries.
+    for its one container: {fail: the exit codes that fail the Job at once (FailJob, onExitCodes In), ignore: those
+    retried without counting against backoffLimit (Ignore, onExitCodes In)}.
+
+    docker_job_state reports a FailJob exit as failed at the first such exit instead of after the restart policy's
+    retries. An Ignore exit is as far as Docker can take it: its restart policy restarts the container (on-failure
+    restarts every non-zero exit) but counts the restart, as it counts every one (on-failure:N has no exit-code
+    filter; https://docs.docker.com/engine/containers/start-containers-automatically/), so docker_job_state reports
+    it as waiting for its storage while Docker restarts it, and failed, with what to do, once Docker gave up.
     Ignore rules on DisruptionTarget (eviction, preemption, drain) have nothing to match here: Docker has no
     disruptions, and a host's shutdown stops the container without counting a failure (the daemon restores it)."""
-    codes: list[int] = []
+    codes: dict[str, list[int]] = {"fail": [], "ignore": []}
     for rule in (policy or {}).get("rules") or []:
         exits, conditions = rule.get("onExitCodes"), rule.get("onPodConditions") or []
-        if rule.get("action") == "FailJob" and exits and not conditions:
+        if rule.get("action") in ("FailJob", "Ignore") and exits and not conditions:
             _require(exits.get("operator") == "In", f"{where}: podFailurePolicy onExitCodes operator "
                      f"{exits.get('operator')!r} is not translated (In is)")  # fmt: skip
             _require(exits.get("containerName") in (None, main.get("name")), f"{where}: podFailurePolicy names "
                      f"container {exits.get('containerName')!r}, not {main.get('name')!r}")  # fmt: skip
-            codes += [int(code) for code in exits.get("values") or []]
+            codes["fail" if rule["action"] == "FailJob" else "ignore"] += [int(c) for c in exits.get("values") or []]
         elif (
             rule.get("action") == "Ignore"
             and not exits
@@ -221,9 +227,9 @@ def _fail_exit_codes(policy: dict[str, Any] | None, main: dict[str, Any], where:
         ):
             continue
         else:
-            _require(False, f"{where}: podFailurePolicy rule {rule} is not translated (FailJob onExitCodes In and "
-                     "Ignore DisruptionTarget are)")  # fmt: skip
-    return sorted(set(codes))
+            _require(False, f"{where}: podFailurePolicy rule {rule} is not translated (FailJob and Ignore onExitCodes "
+                     "In, and Ignore DisruptionTarget are)")  # fmt: skip
+    return {action: sorted(set(values)) for action, values in codes.items()}
 
 
 def _gate(init: dict[str, Any], main: dict[str, Any], where: str) -> str:
@@ -367,9 +373,11 @@ def _container(obj: dict[str, Any], index: dict[str, Any], settings: dict[str, A
     if kind == "Job":
         spec["restart_policy"] = "on-failure"
         spec["restart_retries"] = int(obj["spec"].get("backoffLimit", 6))
-        fail_codes = _fail_exit_codes(obj["spec"].get("podFailurePolicy"), main, where)
-        if fail_codes:
-            spec["fail_exit_codes"] = fail_codes
+        codes = _exit_code_rules(obj["spec"].get("podFailurePolicy"), main, where)
+        if codes["fail"]:
+            spec["fail_exit_codes"] = codes["fail"]
+        if codes["ignore"]:
+            spec["ignore_exit_codes"] = codes["ignore"]
     else:
         _require(int(obj["spec"].get("replicas", 1)) == 1, f"{where}: the Docker runtime runs one replica, "
                  f"got replicas {obj['spec'].get('replicas')}")  # fmt: skip
@@ -566,12 +574,39 @@ def docker_directory_actions(
     return {"manage": manage, "refused": refused}
 
 
+def _temporary_failure(name: str, code: int, restarts: int, retries: int, status: dict[str, Any]) -> dict | None:
+    """An exit that the Job's podFailurePolicy ignores (Ignore onExitCodes: `dinops train`'s 75, EX_TEMPFAIL, its S3
+    output unreachable beyond --s3-retry-minutes): waiting for its storage while Docker restarts it; failed once
+    Docker's restart policy, which counts every non-zero exit, gave up (Kubernetes would go on without counting)."""
+    what = (
+        f"exit code {code} is a temporary failure (podFailurePolicy Ignore; dinops train: its S3 output, the storage, "
+        "unreachable beyond --s3-retry-minutes)"
+    )
+    if status.get("Restarting") or (status.get("Status") == "exited" and restarts < retries):
+        return {
+            "state": "waiting-for-storage",
+            "message": f"{name} is waiting for its storage: {what}; Docker restarts it and it resumes from its "
+            f"checkpoint, but counts the restart ({restarts} of {retries}: on-failure counts every non-zero exit). Its "
+            f"log: docker logs {name}",
+        }
+    if status.get("Status") == "exited":
+        return {
+            "state": "failed",
+            "message": f"{name} failed: {what}, after {restarts} restart(s): Docker's restart policy counts every "
+            f"non-zero exit and gave up (restart_retries {retries}) where Kubernetes would retry without counting. "
+            f"Once the storage answers, run the workloads stage again: training resumes from its checkpoint. Its "
+            f"log: docker logs {name}",
+        }
+    return None
+
+
 def docker_job_state(info: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
     """Where a Job's container stands, from community.docker.docker_container_info's result.
 
     state: missing (not created), stale (created from another template: recreate), complete (exited 0, same
-    template: leave it, as Kubernetes leaves a finished Job), running, restarting, failed (exited non-zero and its
-    restart policy gave up), created. message says why, with the exit code.
+    template: leave it, as Kubernetes leaves a finished Job), running, restarting, waiting-for-storage (exited with a
+    code the Job's podFailurePolicy ignores, restarted by Docker: see _temporary_failure), failed (exited non-zero
+    and its restart policy gave up, or exited with a FailJob code), created. message says why, with the exit code.
     """
     if not info.get("exists"):
         return {"state": "missing", "message": f"{container['name']} does not exist"}
@@ -591,6 +626,11 @@ def docker_job_state(info: dict[str, Any], container: dict[str, Any]) -> dict[st
             "FailJob: a bad setting or dataset; Docker's restart policy retries it regardless). Its log: docker logs "
             f"{container['name']}",
         }
+    retries = int(container.get("restart_retries") or 0)
+    if code in (container.get("ignore_exit_codes") or []) and not status.get("Running"):
+        tempfail = _temporary_failure(container["name"], code, restarts, retries, status)
+        if tempfail:
+            return tempfail
     if status.get("Restarting"):
         return {"state": "restarting", "message": f"{container['name']} is restarting after exit code {code}"}
     if status.get("Running"):
@@ -599,7 +639,6 @@ def docker_job_state(info: dict[str, Any], container: dict[str, Any]) -> dict[st
         return {"state": "created", "message": f"{container['name']} was created and never started"}
     if status.get("Status") == "exited" and code == 0:
         return {"state": "complete", "message": f"{container['name']} completed (exit 0)"}
-    retries = int(container.get("restart_retries") or 0)
     if status.get("Status") == "exited" and code != 0 and restarts >= retries:
         return {
             "state": "failed",

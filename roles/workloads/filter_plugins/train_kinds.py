@@ -21,6 +21,11 @@ Where each part of the Job goes:
   workloads_train_nodes - 1 Workers (container ``pytorch``); ``nprocPerNode`` = the GPUs per node; the Job's
   backoffLimit into ``runPolicy.backoffLimit``. Its podFailurePolicy cannot be expressed: a PyTorchJob has none,
   and restartPolicy ExitCode would make a preempted pod fail for good (k8s/components/pytorchjob/pytorchjob.yaml).
+  So exit 2 does not fail it at once, and exit 75 (``dinops train``'s EX_TEMPFAIL: its S3 output unreachable beyond
+  --s3-retry-minutes, which the batch Job's Ignore rule retries without counting) is restarted by OnFailure and
+  counts against ``runPolicy.backoffLimit`` like any failure: a storage outage that outlasts that many restarts
+  (each one --s3-retry-minutes or more) fails it. Under torchrun neither code reaches the container's status anyway (a failed worker
+  makes torchrun exit 1, docs/training.md), which holds for a TrainJob's node too: its Job keeps the rules, renamed.
 - Experiment (Katib v0.19.0): a trial is the TrainJob, the PyTorchJob or the batch Job (one GPU, one process) by
   workloads_train_kind, with the search's DINO_* values in its environment and its own output directory; the plain
   training object is not applied (the trials are the training).

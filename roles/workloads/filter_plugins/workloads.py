@@ -612,11 +612,22 @@ def site_kustomization(settings: dict[str, Any]) -> dict[str, Any]:
     # The CPU demo: a synthetic dataset instead of COCO and a short training of a small model (k8s/components/demo).
     if settings.get("demo"):
         components.append(f"{root}/components/demo")
+    # The ingress publishes the client on every node's 443 whatever the publish address: TLS ends at the controller
+    # with the client's certificate and the client always logs users in, serving plain HTTP to the controller
+    # (k8s/components/ingress, which takes the login from client-auth/login). Only k3s runs a controller (its packaged
+    # Traefik, roles/k3s k3s_packaged_ingress); minikube here has no ingress addon and Docker has no controller.
+    # Without it, a client published beyond loopback (dinops_publish_address) logs users in and serves TLS itself
+    # (k8s/components/client-auth).
     if settings.get("ingress"):
+        cluster = settings.get("cluster") or _cluster_of(overlay)
+        _require(
+            cluster == "k3s",
+            f"workloads_ingress needs an ingress controller: k3s' packaged Traefik; dinops_cluster {cluster} has "
+            "none. Leave workloads_ingress false and publish the client with dinops_publish_address (a login and "
+            "TLS beyond loopback, docs/security.md)",
+        )
         components.append(f"{root}/components/ingress")
-    # A client published beyond loopback (dinops_publish_address) logs users in and serves TLS: the Secret
-    # dinops-client-auth as files and the settings that make the client require them (k8s/components/client-auth).
-    if settings.get("client_public") and apps["client"]:
+    elif settings.get("client_public") and apps["client"]:
         components.append(f"{root}/{CLIENT_AUTH_COMPONENT}")
     nfs = settings.get("nfs") or {}
     if nfs.get("server"):

@@ -1,6 +1,8 @@
 """``create_app(test_config=None)`` for the web client: the page, and ``POST /api/detect`` which forwards the
 image (held in memory only) to the inference API and turns every failure into a sentence for a person. The login in
-front of both is :mod:`dinops.client.auth`."""
+front of both is :mod:`dinops.client.auth`. Behind ``PROXY_HOPS`` reverse proxies (the ingress), werkzeug's ProxyFix
+takes the caller's address, scheme and host from the last that many ``X-Forwarded-For``/``-Proto``/``-Host`` values;
+otherwise those headers change nothing."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from typing import Any
 import requests
 from flask import Blueprint, Flask, current_app, jsonify, render_template, request
 from werkzeug.exceptions import HTTPException
+from werkzeug.middleware.proxy_fix import ProxyFix
 
 from dinops.client import auth
 from dinops.client.settings import SETTINGS
@@ -51,6 +54,8 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.config["MAX_CONTENT_LENGTH"] = int(app.config["MAX_UPLOAD_MB"] * 2**20)
     app.config["API_URL"] = app.config["API_URL"].rstrip("/")
     auth.check_settings(app.config)
+    if hops := app.config["PROXY_HOPS"]:
+        app.wsgi_app = ProxyFix(app.wsgi_app, x_for=hops, x_proto=hops, x_host=hops)
     app.extensions["api_session"] = requests.Session()
     auth.init_app(app)
     app.register_blueprint(bp)
@@ -103,7 +108,11 @@ def healthz():
 
 @bp.get("/readyz")
 def readyz():
-    """Ready to serve pages; the API's state is reported, not required (the page explains when it is down)."""
+    """Ready to serve pages; the API's state is reported, not required (the page explains when it is down). Only to a
+    caller who may see it (:func:`auth.may_see_details`): anyone else gets ``{"status": "ready"}`` and the API is not
+    asked."""
+    if not auth.may_see_details():
+        return jsonify(status="ready")
     try:
         api = current_app.extensions["api_session"].get(current_app.config["API_URL"] + "/readyz", timeout=2)
         api_state = "ready" if api.status_code == 200 else f"not ready (HTTP {api.status_code})"

@@ -1,14 +1,16 @@
 """The login in front of the web client, and the start-up check of the login and TLS settings.
 
 With ``CLIENT_PASSWORD_FILE`` set, every page and ``/api/detect`` need a session; only the login form, the stylesheet
-it uses, ``/healthz`` and ``/readyz`` do not. The session is a signed cookie (``dinops_session``: HttpOnly,
-SameSite=Strict, Secure when the client serves TLS) holding the user name and the time of the login; it is refused
-once ``CLIENT_SESSION_HOURS`` have passed. Its signing key is derived (scrypt) from the password file's content, so
-every gunicorn worker shares it without any other secret, and a new password ends every session at once. Every POST
-must come from the page's own origin (``Origin``, else ``Sec-Fetch-Site``). Failed logins are slowed down
-(``LOGIN_FAILURE_DELAY_S``) and, per client address and worker process, limited to ``LOGIN_MAX_FAILURES`` within
-``LOGIN_FAILURE_WINDOW_S`` seconds; past that even the right password is refused (429) until the oldest failure ages
-out.
+it uses, ``/healthz`` and ``/readyz`` do not, and those tell an anonymous caller nothing but alive or ready
+(:func:`may_see_details`). The session is a signed cookie (``dinops_session``: HttpOnly, SameSite=Strict, Secure when
+the client serves TLS or the request came over HTTPS through a trusted proxy) holding the user name and the time of
+the login; it is refused once ``CLIENT_SESSION_HOURS`` have passed. Its signing key is derived (scrypt) from the
+password file's content, so every gunicorn worker shares it without any other secret, and a new password ends every
+session at once. Every POST must come from the page's own origin (``Origin``, else ``Sec-Fetch-Site``), the scheme
+and host being the client's own or, behind ``CLIENT_PROXY_HOPS`` proxies, the forwarded ones. Failed logins are slowed
+down (``LOGIN_FAILURE_DELAY_S``) and, per client address (the forwarded one behind a proxy) and worker process, limited
+to ``LOGIN_MAX_FAILURES`` within ``LOGIN_FAILURE_WINDOW_S`` seconds; past that even the right password is refused (429)
+until the oldest failure ages out.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import hmac
+import ipaddress
 import logging
 import math
 import os
@@ -194,6 +197,34 @@ def init_app(app) -> None:
     app.register_blueprint(bp)
 
 
+def _secure_cookie(login: Login | None) -> bool:
+    """The client serves TLS, or this request came over HTTPS (the scheme a trusted proxy forwarded, see app.py)."""
+    return bool(login and login.secure) or request.is_secure
+
+
+def _from_loopback() -> bool:
+    """The connection itself comes from loopback (before ProxyFix) and no proxy forwarded it: a process in the client's
+    own container or pod, such as Docker's HEALTHCHECK."""
+    address = request.environ.get("werkzeug.proxy_fix.orig", request.environ).get("REMOTE_ADDR") or ""
+    try:
+        loopback = ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+    return loopback and "X-Forwarded-For" not in request.headers
+
+
+def may_see_details() -> bool:
+    """Whether the probes may say more than ready or alive: always without a login; with one, to a logged-in caller
+    or one on loopback. Never for an anonymous caller from elsewhere (the API's state names the checkpoint)."""
+    login: Login | None = current_app.extensions.get("login")
+    if login is None or _from_loopback():
+        return True
+    try:
+        return login.session(request.cookies.get(COOKIE)) == "valid"
+    except ServiceUnavailable:  # the password file is gone: no session is valid
+        return False
+
+
 def _same_origin() -> bool:
     origin = request.headers.get("Origin")
     if origin is not None:
@@ -256,7 +287,7 @@ def login():
         login.token(),
         max_age=math.ceil(login.session_s),
         path=request.script_root or "/",
-        secure=login.secure,
+        secure=_secure_cookie(login),
         httponly=True,
         samesite="Strict",
     )
@@ -268,6 +299,6 @@ def logout():
     response = redirect(url_for("auth.login", logged_out=1), 303)
     login: Login | None = current_app.extensions.get("login")
     response.delete_cookie(
-        COOKIE, path=request.script_root or "/", secure=bool(login and login.secure), httponly=True, samesite="Strict"
+        COOKIE, path=request.script_root or "/", secure=_secure_cookie(login), httponly=True, samesite="Strict"
     )
     return response

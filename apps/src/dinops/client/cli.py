@@ -61,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
                 args.log_level, args.log_format, ("gunicorn.error", "gunicorn.access")
             ),
             "proc_name": "dinops-client",
+            # gunicorn itself believes X-Forwarded-Proto from 127.0.0.1 and ::1 by default: no peer here, the app
+            # alone decides (CLIENT_PROXY_HOPS, werkzeug's ProxyFix)
+            "forwarded_allow_ips": "",
             **tls,
         },
     )

@@ -4,7 +4,7 @@ at start-up by :func:`dinops.client.auth.check_settings`."""
 
 from __future__ import annotations
 
-from dinops.settings import Setting, fraction, positive_float, positive_int
+from dinops.settings import Setting, fraction, non_negative_int, positive_float, positive_int
 
 ENV_PREFIXES = ("CLIENT_", "DINO_API_")
 
@@ -38,6 +38,14 @@ SETTINGS: tuple[Setting, ...] = (
         "published on a non-loopback address: refuse to start without a password file and a TLS certificate and key",
         type=bool,
         env="CLIENT_PUBLIC",
+    ),
+    Setting(
+        "proxy_hops",
+        0,
+        "reverse proxies in front of the client whose X-Forwarded-For, -Proto and -Host it believes (behind the "
+        "ingress: 1); 0: those headers are ignored",
+        type=non_negative_int,
+        env="CLIENT_PROXY_HOPS",
     ),
     Setting("user", "dinops", "user name asked by the login form", env="CLIENT_USER"),
     Setting(
