@@ -78,11 +78,11 @@ def _names(value: str) -> list[str]:
 
 def _demo_plan(tmp: Path) -> dict:
     """The Docker runtime's plan of the CPU demo layer (what `make up` runs on a host without a GPU)."""
-    workloads = load_workloads_filters()
+    sizing, jobs = load_workloads_filters("sizing"), load_workloads_filters("jobs")
     settings = DOCKER_VARIANTS["docker-cpu-demo"]
-    plan = workloads.site_plan(settings)
-    objects = workloads.prepare_objects(render_site(tmp, "docker-cpu-demo", settings), plan["apps"]["train"],
-                                        plan["apps"]["download"])  # fmt: skip
+    plan = sizing.site_plan(settings)
+    objects = jobs.prepare_objects(render_site(tmp, "docker-cpu-demo", settings), plan["apps"]["train"],
+                                   plan["apps"]["download"])  # fmt: skip
     return load_workloads_filters("docker_runtime").docker_plan(objects, {"data_dir": DATA_DIR, "network": "dinops"})
 
 

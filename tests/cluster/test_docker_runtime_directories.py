@@ -4,7 +4,7 @@ docs/data.md mounts the data server's exports at workloads_docker_data_dir/<clai
 owned 10001:10001, mode 0775, exported root_squash. The workloads role used to set every claim directory to
 10001:10001 02775 as root: the mode differs, so the file module called chmod, which the server refuses to the squashed
 root (EPERM, chmod(2)), and the Docker runtime never started. The decision is now
-filter_plugins/docker_runtime.py's docker_directory_actions; tasks/docker_host.yml runs it.
+filter_plugins/docker_state.py's docker_directory_actions; tasks/docker_host.yml runs it.
 
 The play at the end runs tasks/docker_host.yml for real on this machine, with a directory that root cannot chmod
 (chattr +i: EPERM for root too, the errno a root-squashed server answers) standing in for the export.
@@ -24,7 +24,7 @@ from k8s.k8s_render import load_workloads_filters
 
 from dinops_testing import REPO
 
-DOCKER = load_workloads_filters("docker_runtime")
+STATE = load_workloads_filters("docker_state")
 TASKS = REPO / "roles" / "workloads" / "tasks"
 OUTPUT = "/var/lib/dinops/volumes/dinops-output"
 DATASET = "/var/lib/dinops/volumes/dinops-dataset"
@@ -47,12 +47,12 @@ def _stat(exists=True, uid=10001, gid=10001, mode="0775", isdir=True) -> dict:
 
 def test_an_export_as_nfs_server_creates_it_is_left_alone():
     """10001:10001 0775 (nfs_server's owner and nfs_server_export_mode): no chown, no chmod, nothing to do."""
-    actions = DOCKER.docker_directory_actions(WANTED, [_stat(), _stat(mode="2775")], NFS_MOUNTS)
+    actions = STATE.docker_directory_actions(WANTED, [_stat(), _stat(mode="2775")], NFS_MOUNTS)
     assert actions == {"manage": [], "refused": []}
 
 
 def test_local_directories_missing_or_wrong_are_created_or_corrected():
-    actions = DOCKER.docker_directory_actions(WANTED, [_stat(exists=False), _stat(uid=0, gid=0, mode="0755")],
+    actions = STATE.docker_directory_actions(WANTED, [_stat(exists=False), _stat(uid=0, gid=0, mode="0755")],
                                               NFS_MOUNTS[:1])  # fmt: skip
     assert actions == {"manage": WANTED, "refused": []}
 
@@ -66,7 +66,7 @@ def test_local_directories_missing_or_wrong_are_created_or_corrected():
     ],
 )
 def test_a_wrong_directory_on_nfs_is_refused_with_what_to_run_on_the_data_server(found, said):
-    actions = DOCKER.docker_directory_actions(WANTED[1:], [found], NFS_MOUNTS)
+    actions = STATE.docker_directory_actions(WANTED[1:], [found], NFS_MOUNTS)
     assert actions["manage"] == []
     (message,) = actions["refused"]
     assert message.startswith(f"{OUTPUT} {said} on the NFS mount 10.0.1.5:/srv/dinops/outputs at {OUTPUT}")
@@ -75,22 +75,22 @@ def test_a_wrong_directory_on_nfs_is_refused_with_what_to_run_on_the_data_server
 
 def test_a_claim_below_an_nfs_mount_is_on_nfs_too():
     mounts = [{"mount": "/var/lib/dinops", "device": "nas:/dinops", "fstype": "nfs"}]
-    actions = DOCKER.docker_directory_actions(WANTED[:1], [_stat(exists=False)], mounts)
+    actions = STATE.docker_directory_actions(WANTED[:1], [_stat(exists=False)], mounts)
     assert "on the NFS mount nas:/dinops at /var/lib/dinops" in actions["refused"][0]
     # A neighbour whose name only starts the same is not below it.
     mounts = [{"mount": "/var/lib/dino", "device": "nas:/x", "fstype": "nfs"}]
-    assert DOCKER.docker_directory_actions(WANTED[:1], [_stat(exists=False)], mounts)["manage"] == WANTED[:1]
+    assert STATE.docker_directory_actions(WANTED[:1], [_stat(exists=False)], mounts)["manage"] == WANTED[:1]
 
 
 def test_a_file_where_the_directory_belongs_is_refused():
-    actions = DOCKER.docker_directory_actions(WANTED[:1], [_stat(isdir=False, mode="0644")], NFS_MOUNTS[:1])
+    actions = STATE.docker_directory_actions(WANTED[:1], [_stat(isdir=False, mode="0644")], NFS_MOUNTS[:1])
     assert actions["refused"] == [f"{DATASET} exists and is not a directory: move it away; the containers mount a "
                                   "directory there"]  # fmt: skip
 
 
 def test_one_stat_per_directory():
-    with pytest.raises(DOCKER.DockerRuntimeError, match="one stat result per directory"):
-        DOCKER.docker_directory_actions(WANTED, [_stat()], NFS_MOUNTS)
+    with pytest.raises(STATE.DockerRuntimeError, match="one stat result per directory"):
+        STATE.docker_directory_actions(WANTED, [_stat()], NFS_MOUNTS)
 
 
 # --- tasks/docker_host.yml for real ---------------------------------------------------------------------------------

@@ -20,7 +20,10 @@ from k8s.k8s_render import DOCKER_VARIANTS, load_workloads_filters, render_site
 from dinops_testing import REPO, load_plugin
 
 DOCKER = load_workloads_filters("docker_runtime")
+STATE = load_workloads_filters("docker_state")
 WORKLOADS = load_workloads_filters()
+JOBS = load_workloads_filters("jobs")
+SIZING = load_workloads_filters("sizing")
 DROPIN = load_plugin("roles/docker/filter_plugins/docker_service_dropin.py")
 SETTINGS = {"data_dir": "/var/lib/dinops/volumes", "network": "dinops"}
 
@@ -28,9 +31,9 @@ SETTINGS = {"data_dir": "/var/lib/dinops/volumes", "network": "dinops"}
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory) -> list[dict]:
     settings = DOCKER_VARIANTS["docker-cpu-demo"]
-    plan = WORKLOADS.site_plan(settings)
+    plan = SIZING.site_plan(settings)
     objects = render_site(tmp_path_factory.mktemp("demo"), "docker-cpu-demo", settings)
-    return WORKLOADS.prepare_objects(objects, plan["apps"]["train"], plan["apps"]["download"])
+    return JOBS.prepare_objects(objects, plan["apps"]["train"], plan["apps"]["download"])
 
 
 def _containers(objects: list[dict]) -> dict[str, dict]:
@@ -96,11 +99,11 @@ def _info(code: int, restarts: int, restarting: bool, hash_: str) -> dict:
 @pytest.mark.parametrize("restarting", [True, False])
 def test_a_fail_job_exit_is_failed_at_once_not_after_the_retries(demo, restarting):
     train = _containers(demo)["dinops-train"]
-    state = DOCKER.docker_job_state(_info(2, 1, restarting, train["labels"]["dinops.io/template-sha256"]), train)
+    state = STATE.docker_job_state(_info(2, 1, restarting, train["labels"]["dinops.io/template-sha256"]), train)
     assert state["state"] == "failed"
     assert "exit code 2 fails the Job at once (podFailurePolicy FailJob" in state["message"]
     # Any other failure is retried as before.
-    other = DOCKER.docker_job_state(_info(1, 1, restarting, train["labels"]["dinops.io/template-sha256"]), train)
+    other = STATE.docker_job_state(_info(1, 1, restarting, train["labels"]["dinops.io/template-sha256"]), train)
     assert other["state"] == ("restarting" if restarting else "exited")
 
 
@@ -146,7 +149,7 @@ def _task(path: str, name_start: str) -> dict:
 
 def test_containers_take_their_volumes_with_them():
     """A recreated or removed container's anonymous volumes (its emptyDirs) go with it: a new one starts empty."""
-    create = _task("docker.yml", "docker | Create or update each container")
+    create = _task("docker_containers.yml", "docker_containers | Create or update each container")
     assert create["community.docker.docker_container"]["keep_volumes"] is False
     remove = _task("docker_remove.yml", "docker_remove | Stop and remove them")
     assert remove["community.docker.docker_container"]["keep_volumes"] is False

@@ -157,7 +157,7 @@ def test_several_candidate_nodes_size_for_the_smallest():
 def test_requests_node_is_the_allocatable_when_cluster_facts_are_given():
     facts = yaml.safe_load((K8S.parent / "facts" / "cluster.yml").read_text())
     result = placement([node(TRAIN), node(INFER)], {**SHARED, "cluster_facts": facts, "gpu_replicas": 2})
-    allocatable = load_workloads_filters().node_allocatable(
+    allocatable = load_workloads_filters("node_budget").node_allocatable(
         {"cluster": "k3s", "host_vcpus": 8, "host_memory_mb": 32768, "gpu_count": 1, "gpu_replicas": 2}, facts
     )
     assert result["requests_node"]["serve"] == {k: allocatable[k] for k in ("cpu_m", "memory_mi", "gpus")}

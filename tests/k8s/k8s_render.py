@@ -296,9 +296,9 @@ def train_kind_variant(site: dict, kind: str, hpo: bool, nodes: int = 1, cluster
 def render_train_kind(tmp_root: Path, name: str, variant: dict) -> list[dict]:
     """The objects render.yml keeps: the rendered layer, prepared, folded into the kind (the plan's processes and
     GPUs per node as render.yml passes them)."""
-    filters = load_workloads_filters()
-    plan = filters.site_plan(variant["site"])
-    objects = filters.prepare_objects(
+    sizing, jobs = load_workloads_filters("sizing"), load_workloads_filters("jobs")
+    plan = sizing.site_plan(variant["site"])
+    objects = jobs.prepare_objects(
         render_site(tmp_root, name, variant["site"]), plan["apps"]["train"], plan["apps"]["download"]
     )
     fold = {**variant["fold"], "processes": plan["train_processes"], "gpus": plan["train_gpus"]}
@@ -362,10 +362,10 @@ def plan_refuses(site: dict) -> bool:
     """Whether the role refuses this layer because its pods and the platform's cannot all fit on the node (a 4-vCPU
     minikube node has no room for Trainer's JobSet beside a search): tests/k8s/test_fit.py covers those refusals,
     the other tests take the layers the role applies."""
-    filters = load_workloads_filters()
+    sizing = load_workloads_filters("sizing")
     try:
-        filters.site_plan(site)
-    except filters.WorkloadsError as error:
+        sizing.site_plan(site)
+    except sizing.WorkloadsError as error:
         if "cannot all fit" in str(error):
             return True
         raise

@@ -17,7 +17,11 @@ import pytest
 from k8s.k8s_render import DOCKER_VARIANTS, MULTINODE_VARIANTS, SITE_VARIANTS, load_workloads_filters, render_site
 
 DOCKER = load_workloads_filters("docker_runtime")
+STATE = load_workloads_filters("docker_state")
 WORKLOADS = load_workloads_filters()
+JOBS = load_workloads_filters("jobs")
+QUANTITIES = load_workloads_filters("quantities")
+SIZING = load_workloads_filters("sizing")
 SETTINGS = {"data_dir": "/var/lib/dinops/volumes", "network": "dinops"}
 # One host's Docker: the k3s layers across hosts (node selectors, shared volumes) are not this runtime's, nor the
 # ingress, which needs k3s' controller (refused on Docker: tests/k8s/test_ingress_security.py).
@@ -33,13 +37,13 @@ def layers(tmp_path_factory) -> dict[str, list[dict]]:
     out = {}
     for name, settings in ALL_VARIANTS.items():
         objects = render_site(root, name, settings)
-        plan = WORKLOADS.site_plan(settings)
-        out[name] = WORKLOADS.prepare_objects(objects, plan["apps"]["train"], plan["apps"]["download"])
+        plan = SIZING.site_plan(settings)
+        out[name] = JOBS.prepare_objects(objects, plan["apps"]["train"], plan["apps"]["download"])
     return out
 
 
 def _mi(text: str) -> int:
-    return WORKLOADS.quantity_mi(text)
+    return QUANTITIES.quantity_mi(text)
 
 
 def _pod_env(container: dict, objects: list[dict]) -> dict[str, str]:
@@ -106,7 +110,7 @@ def test_each_workload_runs_the_same_in_docker(layers, variant):
         # Resources: limits, GPUs, and requests as weight and reservation.
         limits = main["resources"].get("limits", {})
         requests = main["resources"].get("requests", {})
-        assert got["cpus"] == WORKLOADS.cpu_m(limits["cpu"]) / 1000, where
+        assert got["cpus"] == QUANTITIES.cpu_m(limits["cpu"]) / 1000, where
         assert got["memory"] == f"{_mi(limits['memory'])}m" == got["memory_swap"], where
         assert got["memory_reservation"] == f"{_mi(requests['memory'])}m", where
         gpus = int(limits.get("nvidia.com/gpu", 0))
@@ -294,7 +298,7 @@ JOB = {"name": "dinops-download", "restart_retries": 4, "labels": {"dinops.io/te
     ],
 )
 def test_where_a_job_container_stands(info, state):
-    got = DOCKER.docker_job_state(info, JOB)
+    got = STATE.docker_job_state(info, JOB)
     assert got["state"] == state, json.dumps(got)
     if state == "failed":
         assert "exit code 2 after 4 restart(s)" in got["message"] and "docker logs dinops-download" in got["message"]
@@ -343,11 +347,11 @@ def test_the_derived_states_keep_nothing_of_the_inspect_output():
     secret_env = {"Config": {"Env": ["AWS_SECRET_ACCESS_KEY=s3cr3t"]}}
     running = _info("running", 0, running=True)
     running["container"]["Config"]["Env"] = secret_env["Config"]["Env"]
-    states = DOCKER.docker_job_states([running], [JOB])
+    states = STATE.docker_job_states([running], [JOB])
     assert states == {"dinops-download": {"state": "running", "message": "dinops-download is running (0 restart(s))"}}
     healthy = {"exists": True, "container": {**secret_env, "State": {"Status": "running", "Health": {
         "Status": "healthy", "Log": [{"Output": "ok\n"}]}}}}  # fmt: skip
-    health = DOCKER.docker_health([healthy, {"exists": False, "container": None}], ["dinops-serve", "dinops-client"])
+    health = STATE.docker_health([healthy, {"exists": False, "container": None}], ["dinops-serve", "dinops-client"])
     assert health == [
         {"name": "dinops-serve", "healthy": True, "status": "running", "output": "ok"},
         {"name": "dinops-client", "healthy": False, "status": "missing", "output": "none"},

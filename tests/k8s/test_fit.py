@@ -32,6 +32,10 @@ from k8s.k8s_render import (
 )
 
 filters = load_workloads_filters()
+jobs = load_workloads_filters("jobs")
+node_budget = load_workloads_filters("node_budget")
+quantities = load_workloads_filters("quantities")
+sizing = load_workloads_filters("sizing")
 RELEASES = yaml.safe_load((REPO / "roles/platform/vars/main.yml").read_text())["platform_releases"]
 SWITCHES = list(RELEASES)
 
@@ -44,8 +48,8 @@ def pod_requests(obj: dict) -> dict[str, int]:
         requests = container.get("resources", {}).get("requests", {})
         limits = container.get("resources", {}).get("limits", {})
         return {
-            "cpu_m": filters.cpu_m(requests.get("cpu", "0")),
-            "memory_mi": filters.quantity_mi(requests.get("memory", "0")),
+            "cpu_m": quantities.cpu_m(requests.get("cpu", "0")),
+            "memory_mi": quantities.quantity_mi(requests.get("memory", "0")),
             # Extended resources: the request is the limit.
             "gpus": int(limits.get(GPU, requests.get(GPU, 0))),
         }
@@ -60,13 +64,13 @@ def applied(name: str, objects: list[dict]) -> list[dict]:
     settings = PROFILE_VARIANTS[name]
     train = settings["train"] and "train" in settings["workloads"]
     download = "download" in settings["workloads"] or train
-    return filters.prepare_objects(objects, train, download)
+    return jobs.prepare_objects(objects, train, download)
 
 
 @pytest.mark.parametrize("name", sorted(PROFILE_VARIANTS))
 def test_everything_the_profile_runs_fits_its_node(rendered_sites, name):
     settings = PROFILE_VARIANTS[name]
-    node = filters.node_allocatable(settings["node"], settings["cluster_facts"])
+    node = node_budget.node_allocatable(settings["node"], settings["cluster_facts"])
     running = [o for o in workloads(applied(name, rendered_sites[name]))]
     total = {"cpu_m": 0, "memory_mi": 0, "gpus": 0}
     lines = []
@@ -93,9 +97,9 @@ def test_training_memory_limit_holds_shm_and_the_working_set(rendered_sites, nam
     train = find(rendered_sites[name], "Job", "dinops-train")
     shm = next(v for v in pod_spec(train)["volumes"] if v["name"] == "shm")["emptyDir"]["sizeLimit"]
     container = next(c for c in pod_spec(train)["containers"] if c["name"] == "train")
-    limit = filters.quantity_mi(container["resources"]["limits"]["memory"])
-    working_set = filters.quantity_mi(container["resources"]["requests"]["memory"])
-    assert limit >= filters.quantity_mi(shm) + working_set, f"{name}: limit {limit} Mi < shm {shm} + request"
+    limit = quantities.quantity_mi(container["resources"]["limits"]["memory"])
+    working_set = quantities.quantity_mi(container["resources"]["requests"]["memory"])
+    assert limit >= quantities.quantity_mi(shm) + working_set, f"{name}: limit {limit} Mi < shm {shm} + request"
 
 
 @pytest.mark.parametrize("name", sorted(PROFILE_VARIANTS))
@@ -128,11 +132,11 @@ def test_the_node_can_back_the_training_shm(rendered_sites, name):
     of its own working set (its request) and of what every other pod requested. A profile whose shm_size the node
     cannot hold evicts or OOM-kills training when the workers fill it."""
     settings = PROFILE_VARIANTS[name]
-    node = filters.node_allocatable(settings["node"], settings["cluster_facts"])
+    node = node_budget.node_allocatable(settings["node"], settings["cluster_facts"])
     running = workloads(applied(name, rendered_sites[name]))
     train = find(rendered_sites[name], "Job", "dinops-train")
     volume = next(v for v in pod_spec(train)["volumes"] if v["name"] == "shm")
-    shm = filters.quantity_mi(volume["emptyDir"]["sizeLimit"])
+    shm = quantities.quantity_mi(volume["emptyDir"]["sizeLimit"])
     requested = sum(pod_requests(o)["memory_mi"] for o in running)
     assert requested + shm <= node["memory_mi"], (
         f"{name}: the pods request {requested} Mi and training's /dev/shm may take {shm} Mi more, but the node has "
@@ -168,7 +172,7 @@ PLATFORM_CLUSTERS = sorted(n for n, s in PROFILE_VARIANTS.items() if s["cluster"
 def test_with_the_platform_everything_fits_or_the_role_refuses(name):
     settings = PROFILE_VARIANTS[name]
     cluster = settings["cluster_facts"][settings["cluster"]]
-    capacity = filters.node_allocatable(settings["node"], settings["cluster_facts"])
+    capacity = node_budget.node_allocatable(settings["node"], settings["cluster_facts"])
     system = {k: sum(int(p[k]) for p in cluster["system_pods"].values()) for k in ("cpu_m", "memory_mi")}
     eviction = capacity["capacity_memory_mi"] - system["memory_mi"] - capacity["memory_mi"]
     pending, refused = [], []
@@ -176,7 +180,7 @@ def test_with_the_platform_everything_fits_or_the_role_refuses(name):
         variant = {**settings, "platform": switches, "train_kind": kind, "hpo": hpo}
         label = f"{','.join(k for k, on in switches.items() if on) or 'none'} {kind}{' hpo' if hpo else ''}"
         try:
-            plan = filters.site_plan(variant)
+            plan = sizing.site_plan(variant)
         except filters.WorkloadsError as error:
             assert "cannot all fit" in str(error) and "platform's" in str(error), f"{name} {label}: {error}"
             refused.append(label)
@@ -184,8 +188,8 @@ def test_with_the_platform_everything_fits_or_the_role_refuses(name):
         trial_pods = plan["train_processes"] if kind == "job" else 1
         platform = beside_dinops(switches, kind, hpo, trial_pods)
         dinops = {
-            "cpu_m": sum(filters.cpu_m(r["requests"]["cpu"]) for r in plan["resources"].values()),
-            "memory_mi": sum(filters.quantity_mi(r["requests"]["memory"]) for r in plan["resources"].values()),
+            "cpu_m": sum(quantities.cpu_m(r["requests"]["cpu"]) for r in plan["resources"].values()),
+            "memory_mi": sum(quantities.quantity_mi(r["requests"]["memory"]) for r in plan["resources"].values()),
         }
         free = {
             "cpu_m": capacity["capacity_cpu_m"] - system["cpu_m"] - platform["cpu_m"],
@@ -203,7 +207,7 @@ def test_the_refusal_names_the_platforms_pods():
     settings = PROFILE_VARIANTS["profile-a10g-minikube-train"]
     switches = dict.fromkeys(SWITCHES, True)
     with pytest.raises(filters.WorkloadsError) as refused:
-        filters.site_plan({**settings, "platform": switches, "train_kind": "job", "hpo": True})
+        sizing.site_plan({**settings, "platform": switches, "train_kind": "job", "hpo": True})
     assert "trainer/jobset-controller-manager 500m/128Mi" in str(refused.value)
     assert "kserve/llmisvc-controller-manager 100m/300Mi" in str(refused.value)
     assert "katib/metrics-collector 50m/10Mi" in str(refused.value)

@@ -34,6 +34,7 @@ from dinops_testing import load_plugin
 
 plugin = load_plugin("roles/workloads/filter_plugins/inference_service.py")
 workloads_filters = load_workloads_filters()
+sizing = load_workloads_filters("sizing")
 COMPONENT = K8S / "components" / "inferenceservice"
 PORT = 8080
 PROBE_FIELDS = ("startupProbe", "readinessProbe", "livenessProbe")
@@ -48,7 +49,7 @@ def runs_on_kubernetes(settings: dict) -> bool:
 
 
 def serves(settings: dict) -> bool:
-    return workloads_filters.site_plan(settings)["apps"]["serve"]
+    return sizing.site_plan(settings)["apps"]["serve"]
 
 
 KSERVE_SITES = sorted(n for n, s in SITE_VARIANTS.items() if runs_on_kubernetes(s) and serves(s))
@@ -134,7 +135,7 @@ def test_the_model_server_knows_every_setting_it_gets(folded, site):
 @pytest.mark.parametrize("site", KSERVE_SITES)
 def test_the_gpu_follows_the_profile(folded, site):
     settings = SITE_VARIANTS[site]
-    on_gpu = settings["overlay"] in GPU_OVERLAYS and workloads_filters.site_plan(settings)["serve_device"] == "gpu"
+    on_gpu = settings["overlay"] in GPU_OVERLAYS and sizing.site_plan(settings)["serve_device"] == "gpu"
     folded_predictor = predictor(folded[site])
     container = folded_predictor["containers"][0]
     device = container_env(folded[site], container)["DINO_DEVICE"]
@@ -150,7 +151,7 @@ def test_the_gpu_follows_the_profile(folded, site):
 
 def test_both_devices_are_covered():
     devices = {
-        (SITE_VARIANTS[s]["overlay"] in GPU_OVERLAYS, workloads_filters.site_plan(SITE_VARIANTS[s])["serve_device"])
+        (SITE_VARIANTS[s]["overlay"] in GPU_OVERLAYS, sizing.site_plan(SITE_VARIANTS[s])["serve_device"])
         for s in KSERVE_SITES
     }
     assert {(True, "gpu"), (True, "cpu"), (False, "cpu")} <= devices
@@ -209,7 +210,7 @@ def test_the_filter_knows_exactly_the_pod_fields_of_the_predictor_schema():
 def test_the_serve_deployment_and_service_go_and_the_client_calls_the_predictor(folded, site):
     objects = folded[site]
     assert [o for o in objects if o["metadata"]["name"] == "dinops-serve"] == []
-    client = workloads_filters.site_plan(SITE_VARIANTS[site])["apps"]["client"]
+    client = sizing.site_plan(SITE_VARIANTS[site])["apps"]["client"]
     left = sorted((o["kind"], o["metadata"]["name"]) for o in objects if o["kind"] in ("Deployment", "Service"))
     assert left == ([("Deployment", "dinops-client"), ("Service", "dinops-client")] if client else [])
     (client_config,) = [o for o in objects if o["metadata"]["name"].startswith("dinops-client-config")]

@@ -29,6 +29,7 @@ APP_SETTINGS = {
     "dinops-client": "dinops.client.settings",
 }
 filters = load_workloads_filters()
+quantities = load_workloads_filters("quantities")
 GPU_WORKLOADS = {("Job", "dinops-train"), ("Deployment", "dinops-serve")}
 
 
@@ -299,4 +300,4 @@ def test_training_waits_for_the_completed_dataset(objects):
 
     assert str(marker.path(Path(env["DINO_DATA_ROOT"]))) == "/data/coco/.dinops-complete.json"
     for kind in ("requests", "limits"):
-        assert filters.cpu_m(wait["resources"][kind]["cpu"]) <= filters.cpu_m(train["resources"][kind]["cpu"])
+        assert quantities.cpu_m(wait["resources"][kind]["cpu"]) <= quantities.cpu_m(train["resources"][kind]["cpu"])

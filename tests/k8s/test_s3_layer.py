@@ -15,6 +15,8 @@ from dinops.serve.settings import SETTINGS as SERVE_SETTINGS
 from dinops.train.settings import SETTINGS as TRAIN_SETTINGS
 
 filters = load_workloads_filters()
+jobs = load_workloads_filters("jobs")
+storage_layer = load_workloads_filters("storage_layer")
 docker = load_workloads_filters("docker_runtime")
 S3 = SITE_VARIANTS["cpu-s3-output"]["s3"]
 
@@ -48,7 +50,7 @@ def test_training_and_inference_get_the_bucket_and_the_credentials(rendered_site
 def test_the_names_are_the_apps_settings():
     train = {s.env for s in TRAIN_SETTINGS}
     serve = {s.env for s in SERVE_SETTINGS}
-    for app, values in filters.s3_config(S3).items():
+    for app, values in storage_layer.s3_config(S3).items():
         assert set(values) <= (train if app == "train" else serve), (app, values)
 
 
@@ -69,7 +71,7 @@ def test_no_secret_means_no_envfrom():
 )
 def test_bad_s3_settings_name_the_variable(s3, message):
     with pytest.raises(filters.WorkloadsError, match=message):
-        filters.s3_config(s3)
+        storage_layer.s3_config(s3)
 
 
 def test_a_pretrained_checkpoint_and_s3_serving_exclude_each_other():
@@ -84,29 +86,29 @@ def test_a_pretrained_checkpoint_and_s3_serving_exclude_each_other():
 
 
 def test_the_credentials_file_and_its_refusals():
-    text = filters.aws_credentials_file(
+    text = storage_layer.aws_credentials_file(
         {"aws_access_key_id": "AKIAX", "aws_secret_access_key": "s3cr3t/+=", "aws_session_token": ""}
     )
     assert text == "[default]\naws_access_key_id = AKIAX\naws_secret_access_key = s3cr3t/+=\n"
     with pytest.raises(filters.WorkloadsError, match="not one of") as error:
-        filters.aws_credentials_file({"AWS_SECRET_ACCESS_KEY": "s3cr3t"})
+        storage_layer.aws_credentials_file({"AWS_SECRET_ACCESS_KEY": "s3cr3t"})
     assert "s3cr3t" not in str(error.value)
     with pytest.raises(filters.WorkloadsError, match="one line") as error:
-        filters.aws_credentials_file({"aws_secret_access_key": "s3cr3t\n[evil]"})
+        storage_layer.aws_credentials_file({"aws_secret_access_key": "s3cr3t\n[evil]"})
     assert "s3cr3t" not in str(error.value)
     with pytest.raises(filters.WorkloadsError, match="no value"):
-        filters.aws_credentials_file({"aws_access_key_id": ""})
+        storage_layer.aws_credentials_file({"aws_access_key_id": ""})
 
 
 def test_the_region_is_a_setting_not_a_secret():
-    config = filters.s3_config({**S3, "region": "eu-west-1"})
+    config = storage_layer.s3_config({**S3, "region": "eu-west-1"})
     assert config["train"]["AWS_DEFAULT_REGION"] == config["serve"]["AWS_DEFAULT_REGION"] == "eu-west-1"
     with pytest.raises(filters.WorkloadsError, match="workloads_s3_region"):
-        filters.s3_config({**S3, "region": "EU West"})
+        storage_layer.s3_config({**S3, "region": "EU West"})
 
 
 def test_docker_runtime_mounts_the_secret_readable_by_the_containers_user_only(rendered_sites):
-    objects = filters.prepare_objects(rendered_sites["cpu-s3-output"], True, True)
+    objects = jobs.prepare_objects(rendered_sites["cpu-s3-output"], True, True)
     plan = docker.docker_plan(objects, {"data_dir": "/var/lib/dinops/volumes", "network": "dinops"})
     by_name = {c["name"]: c for c in plan["containers"]}
     path = "/var/lib/dinops/volumes/.secrets/dinops-s3"

@@ -25,6 +25,9 @@ from k8s.k8s_render import (
 )
 
 filters = load_workloads_filters()
+jobs = load_workloads_filters("jobs")
+quantities = load_workloads_filters("quantities")
+sizing = load_workloads_filters("sizing")
 # claim -> the name its NFS volume starts with (the rest derives from the source: test_nfs_volumes.py).
 CLAIMS = {"dinops-dataset": "dinops-dataset-nfs-", "dinops-output": "dinops-output-nfs-"}
 
@@ -61,8 +64,8 @@ def test_nfs_volumes_are_shared_by_every_node(rendered_sites, name):
         assert pv["spec"]["nfs"]["path"] == NFS_SETTINGS["paths"][claim.removeprefix("dinops-")]
         assert pv["spec"]["mountOptions"] == NFS_SETTINGS["mount_options"]
         # The volume offers at least what the claim asks for, or the claim stays Pending.
-        asked = filters.quantity_mi(pvc["resources"]["requests"]["storage"])
-        assert filters.quantity_mi(pv["spec"]["capacity"]["storage"]) >= asked
+        asked = quantities.quantity_mi(pvc["resources"]["requests"]["storage"])
+        assert quantities.quantity_mi(pv["spec"]["capacity"]["storage"]) >= asked
     assert "nfs-server.invalid" not in json.dumps(objects)
     # The pods still go where their node role says.
     assert pod_spec(find(objects, "Job", "dinops-train"))["nodeSelector"] == {"dinops.io/train": "true"}
@@ -83,8 +86,8 @@ def test_pods_fit_the_node_they_are_pinned_to(rendered_sites, name):
     """What lands on one node (download and training on the train node, inference on the inference node) fits
     what that node can allocate (the smallest node of its role, k3s's own pods counted on each)."""
     settings = MULTINODE_VARIANTS[name]
-    plan = filters.site_plan(settings)
-    objects = filters.prepare_objects(rendered_sites[name], True, True)
+    plan = sizing.site_plan(settings)
+    objects = jobs.prepare_objects(rendered_sites[name], True, True)
     by_node: dict[str, list[dict]] = {}
     for obj in workloads(objects):
         selector = pod_spec(obj).get("nodeSelector") or {}
@@ -96,8 +99,8 @@ def test_pods_fit_the_node_they_are_pinned_to(rendered_sites, name):
         for obj in objs:
             for container in pod_spec(obj)["containers"]:
                 requests = container.get("resources", {}).get("requests", {})
-                total["cpu_m"] += filters.cpu_m(requests.get("cpu", "0"))
-                total["memory_mi"] += filters.quantity_mi(requests.get("memory", "0"))
+                total["cpu_m"] += quantities.cpu_m(requests.get("cpu", "0"))
+                total["memory_mi"] += quantities.quantity_mi(requests.get("memory", "0"))
         assert total["cpu_m"] <= node["cpu_m"] and total["memory_mi"] <= node["memory_mi"], (name, selector, total)
 
 

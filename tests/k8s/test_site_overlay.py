@@ -16,6 +16,9 @@ from k8s.k8s_render import (
 )
 
 filters = load_workloads_filters()
+jobs = load_workloads_filters("jobs")
+node_budget = load_workloads_filters("node_budget")
+sizing = load_workloads_filters("sizing")
 
 
 def shm_limit(objects):
@@ -140,20 +143,20 @@ def test_training_job_is_applied_only_when_asked(rendered_sites):
     assert not [o for o in rendered_sites["cpu-storage-class"] if o["metadata"]["name"] == "dinops-train"]
     objects = rendered_sites["cpu-training-storage-class"]
     names = lambda objs: {(o["kind"], o["metadata"]["name"]) for o in objs if o["kind"] == "Job"}  # noqa: E731
-    assert names(filters.prepare_objects(objects, train=False)) == {("Job", "dinops-download")}
-    assert names(filters.prepare_objects(objects, train=True)) == {("Job", "dinops-download"), ("Job", "dinops-train")}
+    assert names(jobs.prepare_objects(objects, train=False)) == {("Job", "dinops-download")}
+    assert names(jobs.prepare_objects(objects, train=True)) == {("Job", "dinops-download"), ("Job", "dinops-train")}
 
 
 def test_jobs_are_replaced_only_when_their_template_changed(rendered_sites):
-    before = filters.prepare_objects(rendered_sites["cpu-training-storage-class"], train=True)
-    after = filters.prepare_objects(rendered_sites["cpu-static-volumes"], train=True)
+    before = jobs.prepare_objects(rendered_sites["cpu-training-storage-class"], train=True)
+    after = jobs.prepare_objects(rendered_sites["cpu-static-volumes"], train=True)
     live = [o for o in before if o["kind"] == "Job"]
-    assert filters.jobs_to_replace(before, live) == []
+    assert jobs.jobs_to_replace(before, live) == []
     # Only the shm size differs between the two renders: the training Job changes, the download Job does not.
-    assert filters.jobs_to_replace(after, live) == ["dinops-train"]
+    assert jobs.jobs_to_replace(after, live) == ["dinops-train"]
     unstamped = [{"metadata": {"name": "dinops-download"}}]
-    assert filters.jobs_to_replace(after, unstamped) == ["dinops-download"]
-    assert filters.jobs_to_replace(after, []) == []
+    assert jobs.jobs_to_replace(after, unstamped) == ["dinops-download"]
+    assert jobs.jobs_to_replace(after, []) == []
 
 
 def test_a_checkpoint_url_is_fetched_into_the_output_volume_and_served(rendered_sites):
@@ -205,7 +208,7 @@ def _job(*conditions: dict, active: int = 0) -> list[dict]:
     ],
 )
 def test_job_outcome_reports_failures_at_once_with_their_reason(job, state, words):
-    outcome = filters.job_outcome(job)
+    outcome = jobs.job_outcome(job)
     assert outcome["state"] == state
     assert words in outcome["message"]
     if state == "failed":
@@ -237,10 +240,10 @@ def test_a_node_without_its_size_is_refused_naming_the_variable():
 
 def test_the_a10g_training_host_is_sized_to_its_three_cpu_minikube_node():
     """g5.xlarge: 4 vCPU -> minikube --cpus 3; kubeadm and CoreDNS take 750m (facts/cluster.yml)."""
-    node = filters.node_allocatable(A10G["node"], A10G["cluster_facts"])
+    node = node_budget.node_allocatable(A10G["node"], A10G["cluster_facts"])
     assert (node["capacity_cpu_m"], node["cpu_m"]) == (3000, 2250)
     assert (node["capacity_memory_mi"], node["memory_mi"]) == (12288, 12288 - 100 - 170)
-    plan = filters.site_plan(A10G)
+    plan = sizing.site_plan(A10G)
     assert plan["serve_device"] == "cpu"
     requests = {app: r["requests"] for app, r in plan["resources"].items()}
     assert requests["serve"] == {"cpu": "250m", "memory": "1024Mi"}
@@ -249,10 +252,10 @@ def test_the_a10g_training_host_is_sized_to_its_three_cpu_minikube_node():
 
 def test_dinops_train_without_train_in_the_profile_is_reported():
     t4 = PROFILE_VARIANTS["profile-t4-minikube-train"]
-    plan = filters.site_plan(t4)
+    plan = sizing.site_plan(t4)
     assert plan["apps"]["train"] is False
     assert "dinops_train is true but profile t4 lists no train" in plan["notes"][0]
-    assert not filters.site_plan({**t4, "train": False})["notes"]
+    assert not sizing.site_plan({**t4, "train": False})["notes"]
 
 
 def test_proxies_reach_the_download_and_checkpoint_pods_but_not_the_cluster(tmp_path):
@@ -294,7 +297,7 @@ def test_a_placement_is_honoured(tmp_path):
     layer = filters.site_kustomization(settings)
     assert "../components/ingress" in layer["components"]
     assert patch in layer["patches"]
-    plan = filters.site_plan(settings)
+    plan = sizing.site_plan(settings)
     # A raw host size, as placement.py gives it: the k3s reservations come off (facts/cluster.yml).
     assert plan["nodes"]["train"] == {"cpu_m": 15000 - 200, "memory_mi": 60000 - 100 - 140, "gpus": 1}
     # Alone on a 15-CPU node, training gets its whole wish; the host's node keeps the others.

@@ -41,6 +41,11 @@ from dinops_testing import ansible_playbook, load_plugin
 
 REPO = Path(__file__).resolve().parents[2]
 workloads = load_workloads_filters()
+jobs = load_workloads_filters("jobs")
+kind_components = load_workloads_filters("kind_components")
+node_budget = load_workloads_filters("node_budget")
+quantities = load_workloads_filters("quantities")
+sizing = load_workloads_filters("sizing")
 train_kinds = load_workloads_filters("train_kinds")
 docker_runtime = load_workloads_filters("docker_runtime")
 rollout = load_plugin("roles/workloads/filter_plugins/rollout.py")
@@ -62,11 +67,11 @@ def by_kind(objects: list[dict], kind: str) -> list[dict]:
 
 def the_job(tmp_path, variant: dict) -> dict:
     """The prepared batch Job dinops-train of the same layer without the kind: what the fold starts from. The
-    operators the kind needs stay switched on, so that the node budget (workloads.platform_reserve) is the same."""
+    operators the kind needs stay switched on, so that the node budget (node_budget.platform_reserve) is the same."""
     kind = variant["site"]["train_kind"]
-    platform = dict.fromkeys(workloads.PLATFORM_NEEDS.get(kind, ()), True) | {"katib": variant["site"]["hpo"]}
+    platform = dict.fromkeys(node_budget.PLATFORM_NEEDS.get(kind, ()), True) | {"katib": variant["site"]["hpo"]}
     site = {**variant["site"], "train_kind": "job", "train_nodes": 1, "hpo": False, "platform": platform}
-    objects = workloads.prepare_objects(render_site(tmp_path, "job", site), True, True)
+    objects = jobs.prepare_objects(render_site(tmp_path, "job", site), True, True)
     return find(objects, "Job", "dinops-train")
 
 
@@ -152,7 +157,7 @@ def test_a_trainjob_runs_the_jobs_pod_in_our_runtime(folded, tmp_path, name):
     assert trainer["command"] == LAUNCHER
     assert trainer["resourcesPerNode"] == resources
     assert trainer["numNodes"] == 1
-    plan = workloads.site_plan(TRAIN_KIND_VARIANTS[name]["site"])
+    plan = sizing.site_plan(TRAIN_KIND_VARIANTS[name]["site"])
     assert trainer["numProcPerNode"] == plan["train_processes"] == max(plan["train_gpus"], 1)
     assert resources.get("limits", {}).get("nvidia.com/gpu", 0) == plan["train_gpus"]
     for obj in (runtime, trainjob):
@@ -176,7 +181,7 @@ def test_a_pytorchjob_runs_the_jobs_pod_as_master_and_workers(folded, tmp_path, 
     for replica in replicas.values():
         assert replica["restartPolicy"] == "OnFailure"
         assert replica["template"]["spec"] == expected
-    plan = workloads.site_plan(variant["site"])
+    plan = sizing.site_plan(variant["site"])
     assert pytorchjob["spec"]["nprocPerNode"] == str(plan["train_processes"])
     assert pytorchjob["spec"]["runPolicy"] == {"backoffLimit": job["spec"]["backoffLimit"]}
 
@@ -220,7 +225,7 @@ def test_what_the_operators_and_katib_look_for(folded, name):
 
 def test_reserved_pet_names_are_refused(tmp_path):
     variant = TRAIN_KIND_VARIANTS["kind-rtx3090-k3s-trainjob"]
-    objects = workloads.prepare_objects(render_site(tmp_path, "pet", variant["site"]), True, True)
+    objects = jobs.prepare_objects(render_site(tmp_path, "pet", variant["site"]), True, True)
     find(objects, "Job", "dinops-train")["spec"]["template"]["spec"]["containers"][0]["env"] = [
         {"name": "PET_NNODES", "value": "2"}
     ]
@@ -230,7 +235,7 @@ def test_reserved_pet_names_are_refused(tmp_path):
 
 def test_a_job_field_the_fold_does_not_know_is_refused(tmp_path):
     variant = TRAIN_KIND_VARIANTS["kind-rtx3090-k3s-pytorchjob"]
-    objects = workloads.prepare_objects(render_site(tmp_path, "field", variant["site"]), True, True)
+    objects = jobs.prepare_objects(render_site(tmp_path, "field", variant["site"]), True, True)
     find(objects, "Job", "dinops-train")["spec"]["template"]["spec"]["containers"][0]["workingDir"] = "/srv"
     with pytest.raises(train_kinds.TrainKindsError, match=r"does not know \['workingDir'\]"):
         train_kinds.train_kinds(objects, {**variant["fold"], "processes": 1, "gpus": 1})
@@ -371,10 +376,11 @@ def test_a_batch_job_trial_is_one_process_on_one_gpu(folded, tmp_path):
     container = trial["spec"]["template"]["spec"]["containers"][0]
     whole = job["spec"]["template"]["spec"]["containers"][0]["resources"]
     assert whole["limits"]["nvidia.com/gpu"] == 8 and container["resources"]["limits"]["nvidia.com/gpu"] == 1
-    assert workloads.cpu_m(container["resources"]["requests"]["cpu"]) == workloads.cpu_m(whole["requests"]["cpu"]) // 8
-    shm = workloads.quantity_mi(TRAIN_KIND_VARIANTS[name]["site"]["shm_size"])
-    assert workloads.quantity_mi(container["resources"]["limits"]["memory"]) == (
-        (workloads.quantity_mi(whole["limits"]["memory"]) - shm) // 8 + shm)  # fmt: skip
+    cpu_m = quantities.cpu_m
+    assert cpu_m(container["resources"]["requests"]["cpu"]) == cpu_m(whole["requests"]["cpu"]) // 8
+    shm = quantities.quantity_mi(TRAIN_KIND_VARIANTS[name]["site"]["shm_size"])
+    assert quantities.quantity_mi(container["resources"]["limits"]["memory"]) == (
+        (quantities.quantity_mi(whole["limits"]["memory"]) - shm) // 8 + shm)  # fmt: skip
     assert (container["command"], container["args"]) == (["tini", "--"], ["dinops", "train"])
     assert trial["spec"]["podFailurePolicy"] == job["spec"]["podFailurePolicy"]
     assert trial["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"] == "dinops-hpo"
@@ -470,7 +476,7 @@ def test_the_layer_adds_each_kinds_component_only_when_this_host_trains():
     serving = {**profile_settings(PROFILES["rtx3090"], "k3s", False), "train_kind": "trainjob", "hpo": True}
     layer = workloads.site_kustomization(serving)
     assert not any(c.endswith(("trainjob", "katib-experiment")) for c in layer.get("components", []))
-    assert "workloads_hpo is true but profile rtx3090 does not train here" in workloads.site_plan(serving)["notes"][0]
+    assert "workloads_hpo is true but profile rtx3090 does not train here" in sizing.site_plan(serving)["notes"][0]
 
 
 def fold_hpo(tmp_path, **hpo) -> list[dict]:
@@ -796,7 +802,7 @@ def test_the_role_renders_the_search_over_a_trainjob(tmp_path):
 
 
 def test_the_train_node_label_is_the_k3s_roles():
-    assert workloads.TRAIN_NODE_LABEL == load_plugin("roles/k3s/filter_plugins/k3s_nodes.py").LABEL_TRAIN
+    assert kind_components.TRAIN_NODE_LABEL == load_plugin("roles/k3s/filter_plugins/k3s_nodes.py").LABEL_TRAIN
 
 
 @pytest.mark.parametrize("name", ["kind-rtx3090-k3s-trainjob", "kind-rtx3090-k3s-pytorchjob"])

@@ -39,7 +39,10 @@ IGNORE_75 = {
     "onPodConditions": [],
 }
 DOCKER = load_workloads_filters("docker_runtime")
+STATE = load_workloads_filters("docker_state")
 WORKLOADS = load_workloads_filters()
+JOBS = load_workloads_filters("jobs")
+SIZING = load_workloads_filters("sizing")
 SETTINGS = {"data_dir": "/var/lib/dinops/volumes", "network": "dinops"}
 
 
@@ -126,9 +129,9 @@ def test_a_batch_job_trial_keeps_the_rule(folded):
 @pytest.fixture(scope="module")
 def containers(tmp_path_factory) -> dict[str, dict]:
     settings = DOCKER_VARIANTS["docker-cpu-demo"]
-    plan = WORKLOADS.site_plan(settings)
+    plan = SIZING.site_plan(settings)
     objects = render_site(tmp_path_factory.mktemp("tempfail-demo"), "docker-cpu-demo", settings)
-    objects = WORKLOADS.prepare_objects(objects, plan["apps"]["train"], plan["apps"]["download"])
+    objects = JOBS.prepare_objects(objects, plan["apps"]["train"], plan["apps"]["download"])
     return {c["name"]: c for c in DOCKER.docker_plan(objects, SETTINGS)["containers"]}
 
 
@@ -152,11 +155,11 @@ def _info(code: int, restarts: int, restarting: bool, hash_: str) -> dict:
 def test_an_exit_75_that_docker_restarts_is_waiting_for_storage(containers, restarts, restarting):
     train = containers["dinops-train"]
     info = _info(TEMPFAIL, restarts, restarting, train["labels"]["dinops.io/template-sha256"])
-    state = DOCKER.docker_job_state(info, train)
+    state = STATE.docker_job_state(info, train)
     assert state["state"] == "waiting-for-storage", state
     assert "exit code 75" in state["message"] and "storage" in state["message"]
     # Exit 1 is as before.
-    other = DOCKER.docker_job_state(_info(1, restarts, restarting, info["container"]["Config"]["Labels"][
+    other = STATE.docker_job_state(_info(1, restarts, restarting, info["container"]["Config"]["Labels"][
         "dinops.io/template-sha256"]), train)  # fmt: skip
     assert other["state"] == ("restarting" if restarting else "exited")
 
@@ -165,7 +168,7 @@ def test_an_exit_75_after_dockers_last_restart_is_failed_with_what_to_do(contain
     """Docker counts 75 against its restart count: once it gave up, nothing restarts the container (Kubernetes would
     go on): failed, saying why and how to resume."""
     train = containers["dinops-train"]
-    state = DOCKER.docker_job_state(_info(TEMPFAIL, 6, False, train["labels"]["dinops.io/template-sha256"]), train)
+    state = STATE.docker_job_state(_info(TEMPFAIL, 6, False, train["labels"]["dinops.io/template-sha256"]), train)
     assert state["state"] == "failed"
     assert "exit code 75" in state["message"] and "storage" in state["message"]
     assert "workloads stage again" in state["message"]

@@ -108,8 +108,8 @@ class RenderError(ValueError):
 
 @functools.cache
 def _workloads() -> Any:
-    """The workloads role's filters: their quantity parsing, the one the node budget uses."""
-    path = Path(__file__).resolve().parents[2] / "workloads" / "filter_plugins" / "workloads.py"
+    """The workloads role's quantity parsing (quantities.py), the one the node budget uses."""
+    path = Path(__file__).resolve().parents[2] / "workloads" / "filter_plugins" / "quantities.py"
     spec = importlib.util.spec_from_file_location("dinops_workloads_for_platform_render", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -309,7 +309,7 @@ def pod_requests(obj: dict[str, Any]) -> dict[str, int]:
 
 def budget_problems(name: str, objects: list[dict[str, Any]], release: dict[str, Any]) -> list[str]:
     """The workloads of a rendered component whose pods request more than platform_releases.<name>.pods pins: the
-    node budget (roles/workloads/filter_plugins/workloads.py platform_reserve) would undercount them and leave
+    node budget (roles/workloads/filter_plugins/node_budget.py platform_reserve) would undercount them and leave
     dinops pods Pending. DaemonSets are left out (KServe's runs only on nodes labelled for local models)."""
     pinned = release.get("pods") or {}
     problems = []

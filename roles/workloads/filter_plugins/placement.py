@@ -28,8 +28,8 @@ def _load(path: Path, name: str):
 
 # The node labels of the k3s role (one rule for both roles).
 k3s_nodes = _load(Path(__file__).resolve().parents[2] / "k3s" / "filter_plugins" / "k3s_nodes.py", "dinops_k3s_nodes")
-# The workloads filter (node_allocatable: a node's size minus k3s's pods and the kubelet's reservations), read once.
-workloads_filters = _load(Path(__file__).resolve().with_name("workloads.py"), "dinops_workloads_for_placement")
+# The node budget (node_allocatable: a node's size minus k3s's pods and the kubelet's reservations), read once.
+node_budget = _load(Path(__file__).resolve().with_name("node_budget.py"), "dinops_node_budget_for_placement")
 
 
 # The apps each node role pins (k8s/base names). Download and train share the train nodes: the download fills
@@ -91,7 +91,7 @@ def placement(nodes: list[dict[str, Any]], settings: dict[str, Any] | None = Non
     true), cluster_facts (facts/cluster.yml, workloads_cluster_facts) and gpu_replicas (time-slicing). One node (or
     none: minikube): nothing to add, local-path ReadWriteOnce works. Several nodes: the components and patches
     below, and ``requests_node`` {app: {cpu_m, memory_mi, gpus}}: what the smallest node the app may land on
-    offers, its allocatable from workloads.node_allocatable when cluster_facts is given (k3s's own pods counted on
+    offers, its allocatable from node_budget.node_allocatable when cluster_facts is given (k3s's own pods counted on
     every node: the safe side), else the raw host size.
     """
     settings = settings or {}
@@ -170,7 +170,7 @@ def _node_sizes(nodes: list[dict[str, Any]], settings: dict[str, Any]) -> dict[s
             "gpus": int(node["gpu_count"]) * int(settings.get("gpu_replicas") or 1),
         }
         if facts:
-            allocatable = workloads_filters.node_allocatable(
+            allocatable = node_budget.node_allocatable(
                 {
                     "cluster": "k3s",
                     "profile": node["name"],

@@ -221,16 +221,16 @@ def rollout_state(deployment: Any, pods: Any = None, now: Any = None, grace_s: i
 
 
 @functools.cache
-def _workloads_filters() -> Any:
-    spec = importlib.util.spec_from_file_location("dinops_workloads_filters", Path(__file__).with_name("workloads.py"))
+def _jobs_filters() -> Any:
+    spec = importlib.util.spec_from_file_location("dinops_jobs_for_rollout", Path(__file__).with_name("jobs.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 def _job_outcome(resources: list[dict[str, Any]]) -> dict[str, str]:
-    """workloads.py's ``dinops_job_outcome`` (one reading of JobStatus for the whole role), loaded from its file."""
-    return _workloads_filters().job_outcome(resources)
+    """jobs.py's ``dinops_job_outcome`` (one reading of JobStatus for the whole role), loaded from its file."""
+    return _jobs_filters().job_outcome(resources)
 
 
 # The training kinds other than the Job: the condition that completes them and the label their pods carry.

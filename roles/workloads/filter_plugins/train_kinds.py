@@ -24,8 +24,9 @@ Where each part of the Job goes:
   So exit 2 does not fail it at once, and exit 75 (``dinops train``'s EX_TEMPFAIL: its S3 output unreachable beyond
   --s3-retry-minutes, which the batch Job's Ignore rule retries without counting) is restarted by OnFailure and
   counts against ``runPolicy.backoffLimit`` like any failure: a storage outage that outlasts that many restarts
-  (each one --s3-retry-minutes or more) fails it. Under torchrun neither code reaches the container's status anyway (a failed worker
-  makes torchrun exit 1, docs/training.md), which holds for a TrainJob's node too: its Job keeps the rules, renamed.
+  (each one --s3-retry-minutes or more) fails it. Under torchrun neither code reaches the container's status anyway
+  (a failed worker makes torchrun exit 1, docs/training.md), which holds for a TrainJob's node too: its Job keeps the
+  rules, renamed.
 - Experiment (Katib v0.19.0): a trial is the TrainJob, the PyTorchJob or the batch Job (one GPU, one process) by
   workloads_train_kind, with the search's DINO_* values in its environment and its own output directory; the plain
   training object is not applied (the trials are the training).
@@ -40,17 +41,23 @@ import re
 from pathlib import Path
 from typing import Any
 
-# The workloads filter, read by path as Ansible loads each plugin file on its own: the hash stamped on what is
-# replaced when it changes, the quantity parsers and the label of the train nodes.
-_SPEC = importlib.util.spec_from_file_location(
-    "dinops_workloads_for_train_kinds", Path(__file__).with_name("workloads.py")
-)
-workloads = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(workloads)
+
+# Sibling filter files, read by path as Ansible loads each plugin file on its own: the quantity parsers and the GPU
+# resource (quantities.py), the hash stamped on what is replaced when it changes (jobs.py), the label of the train
+# nodes (kind_components.py).
+def _load(stem: str) -> Any:
+    path = Path(__file__).with_name(f"{stem}.py")
+    spec = importlib.util.spec_from_file_location(f"dinops_{stem}_for_train_kinds", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+quantities = _load("quantities")
+jobs = _load("jobs")
+kind_components = _load("kind_components")
 # The waits' reading of a failed Job, TrainJob or PyTorchJob (dinops_failed_jobs).
-_SPEC = importlib.util.spec_from_file_location("dinops_rollout_for_train_kinds", Path(__file__).with_name("rollout.py"))
-rollout = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(rollout)
+rollout = _load("rollout")
 
 TRAIN_JOB = "dinops-train"
 RUNTIME = "dinops-train-runtime"
@@ -71,7 +78,7 @@ RESERVED_ENV = re.compile(r"^PET_")
 JOB_SPEC_FIELDS = {"template", "backoffLimit", "podFailurePolicy"}
 CONTAINER_FIELDS = {"name", "image", "imagePullPolicy", "command", "args", "env", "envFrom", "resources",
                     "securityContext", "volumeMounts"}  # fmt: skip
-GPU = workloads.GPU_RESOURCE
+GPU = quantities.GPU_RESOURCE
 NO_ISTIO = {"sidecar.istio.io/inject": "false"}
 
 # --- Katib --------------------------------------------------------------------------------------------------------
@@ -294,7 +301,7 @@ def _pytorchjob(objects, parts, settings) -> dict[str, Any]:
 
 def _stamp(obj: dict[str, Any], content: Any) -> None:
     annotations = obj["metadata"].setdefault("annotations", {})
-    annotations[workloads.TEMPLATE_HASH_ANNOTATION] = workloads.content_hash(content)
+    annotations[jobs.TEMPLATE_HASH_ANNOTATION] = jobs.content_hash(content)
 
 
 # --- The search ---------------------------------------------------------------------------------------------------
@@ -384,15 +391,15 @@ def _with_env(container: dict[str, Any], env: list[dict[str, str]]) -> None:
 
 
 def _one_process(resources: dict[str, Any], processes: int, shm_mi: int) -> dict[str, Any]:
-    """The requests and limits of one training process of a pod sized for ``processes`` (workloads.py _size: per
+    """The requests and limits of one training process of a pod sized for ``processes`` (sizing.py _size: per
     process, the memory limit plus the whole /dev/shm) and at most one GPU."""
     out: dict[str, Any] = {}
     for part in ("requests", "limits"):
         values = dict(resources.get(part) or {})
         if "cpu" in values:
-            values["cpu"] = f"{max(workloads.cpu_m(values['cpu']) // processes, 1)}m"
+            values["cpu"] = f"{max(quantities.cpu_m(values['cpu']) // processes, 1)}m"
         if "memory" in values:
-            memory = workloads.quantity_mi(values["memory"])
+            memory = quantities.quantity_mi(values["memory"])
             memory = (memory - shm_mi) // processes + shm_mi if part == "limits" else memory // processes
             values["memory"] = f"{max(memory, 1)}Mi"
         if GPU in values:
@@ -406,7 +413,7 @@ def _shm_mi(pod: dict[str, Any]) -> int:
     mounts = {m["name"] for m in pod["spec"]["containers"][0].get("volumeMounts") or [] if m["mountPath"] == "/dev/shm"}
     for volume in pod["spec"].get("volumes") or []:
         if volume["name"] in mounts and (volume.get("emptyDir") or {}).get("sizeLimit"):
-            return workloads.quantity_mi(volume["emptyDir"]["sizeLimit"])
+            return quantities.quantity_mi(volume["emptyDir"]["sizeLimit"])
     return 0
 
 
@@ -451,7 +458,7 @@ def _parallel(settings: dict[str, Any], hpo: dict[str, Any], kind: str, max_tria
     if not per_node:
         return 1
     train_nodes = [n for n in settings.get("cluster_nodes") or []
-                   if (n.get("labels") or {}).get(workloads.TRAIN_NODE_LABEL)]  # fmt: skip
+                   if (n.get("labels") or {}).get(kind_components.TRAIN_NODE_LABEL)]  # fmt: skip
     total = sum(int(n.get("gpu_count") or 0) for n in train_nodes) or per_node
     per_trial = 1 if kind == "job" else per_node * settings["nodes"]
     return max(1, min(total // per_trial, max_trials))
@@ -620,8 +627,8 @@ def _experiment_change(desired: dict[str, Any], experiment: dict[str, Any]) -> s
     one, with what to do."""
     metadata = experiment.get("metadata") or {}
     name, namespace = metadata.get("name"), metadata.get("namespace", "dinops")
-    searched = (metadata.get("annotations") or {}).get(workloads.TEMPLATE_HASH_ANNOTATION)
-    search_changed = searched != desired["metadata"]["annotations"][workloads.TEMPLATE_HASH_ANNOTATION]
+    searched = (metadata.get("annotations") or {}).get(jobs.TEMPLATE_HASH_ANNOTATION)
+    search_changed = searched != desired["metadata"]["annotations"][jobs.TEMPLATE_HASH_ANNOTATION]
     live_spec, spec = experiment.get("spec") or {}, desired.get("spec") or {}
     counts_changed = any(live_spec.get(key) != spec.get(key) for key in TRIAL_COUNTS)
     if not (search_changed or counts_changed):
@@ -684,7 +691,7 @@ def objects_to_delete(desired: list[dict[str, Any]], live: list[dict[str, Any]])
         elif key in wanted:
             why = (
                 "its template changed"
-                if workloads.jobs_to_replace(desired, [obj])
+                if jobs.jobs_to_replace(desired, [obj])
                 else ("it failed before" if rollout.failed_jobs(desired, [obj]) else "")
             )
         else:
