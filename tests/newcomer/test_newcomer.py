@@ -11,14 +11,16 @@ What is checked, in order, on one run of the whole stack:
    written to artifacts/newcomer.json (`make bench` reports it).
 3. Training is killed mid-run (SIGKILL, as the OOM killer would) after a checkpoint: Docker's on-failure policy
    restarts it and it resumes from that checkpoint instead of starting over.
-4. Training finishes; inference picks up the final checkpoint by itself.
-5. A real Chromium uploads a validation image to the client on port 30000 and finds boxes drawn, labelled with the
-   dataset's names (circle, square, triangle), never COCO's; the screenshot is the README's.
-6. A second `make up` changes nothing (changed=0); a changed inference setting recreates dinops-serve alone.
-7. The client made public at this machine's own address (dinops_publish_address, docs/security.md): only the client
-   is recreated, published there alone, over TLS only (the generated certificate verified for that address), behind a
-   login with the generated root-only password that no output shows; the validator checks it over HTTPS; without the
-   setting it is back on loopback.
+4. While the resumed run trains (as a user would run it again), a second `make up` changes nothing (changed=0; the
+   training container neither recreated nor restarted).
+5. Still during training, the client made public at this machine's own address (dinops_publish_address,
+   docs/security.md): only the client is recreated, published there alone, over TLS only (the generated certificate
+   verified for that address), behind a login with the generated root-only password that no output shows; the
+   validator checks it over HTTPS; without the setting it is back on loopback.
+6. Training finishes; inference picks up the final checkpoint by itself.
+7. A real Chromium uploads a validation image to the client on port 30000 and finds boxes drawn, labelled with the
+   dataset's names (circle, square, triangle), never COCO's; the screenshot is the README's. A changed inference
+   setting recreates dinops-serve alone.
 8. The README's teardown removes the containers and keeps the data; the workloads stage brings them back on the
    same dataset and checkpoint (and the client back on loopback).
 
@@ -267,55 +269,18 @@ def test_training_killed_mid_run_resumes_from_its_checkpoint(demo):
     assert "checkpoint.pth" in logs
 
 
-def test_training_finishes_and_inference_serves_the_final_model(demo):
-    began = time.monotonic()
-    _wait("training to finish", lambda: _inspect("dinops-train")["State"]["Status"] == "exited", timeout=1500, every=5)
-    state = _inspect("dinops-train")["State"]
-    assert state["ExitCode"] == 0, subprocess.run(["docker", "logs", "--tail", "30", "dinops-train"],
-                                                  capture_output=True, text=True).stderr  # fmt: skip
-    final = (DATA / "dinops-output" / "checkpoint.pth").stat()
-
-    def final_loaded() -> dict:
-        health = _healthz()
-        loaded = health.get("loaded") or {}
-        return health if health.get("model") == "ready" and loaded.get("mtime_ns") == final.st_mtime_ns else {}
-
-    health = _wait("inference to load the final checkpoint", final_loaded, timeout=300)
-    print(f"newcomer: training finished and inference reloaded {time.monotonic() - began:.0f} s later: {health}")
-
-
-def test_a_browser_uploads_an_image_and_sees_the_shapes_found(demo):
-    if not CHROMIUM.exists():
-        pytest.fail("the demo's browser check needs Debian's chromium: apt-get install -y chromium")
-    from playwright.sync_api import sync_playwright
-
-    image = sorted((DATA / "dinops-dataset" / "coco" / "val2017").glob("*.jpg"))[0]
-    args = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=args)
-        page = browser.new_page(viewport={"width": 1100, "height": 900})
-        page.set_default_timeout(120_000)
-        page.goto("http://127.0.0.1:30000/")
-        page.set_input_files("#file", str(image))
-        page.wait_for_selector('#status[data-state="done"]')
-        names = [r.locator("td").first.text_content() for r in page.locator("tr.detection").all()]
-        ARTIFACTS.mkdir(exist_ok=True)
-        page.screenshot(path=str(ARTIFACTS / "demo-client.png"), full_page=True)
-        box = page.evaluate("() => { const r = document.getElementById('canvas').getBoundingClientRect();"
-                            " return [r.width, r.height]; }")  # fmt: skip
-        browser.close()
-    assert names, "no detection above the threshold on a validation image of the demo dataset"
-    assert set(names) <= DEMO_NAMES, names
-    assert max(box) >= 480, f"a {image.name} of the demo is shown at {box} CSS px: too small to read"
-
-
 def test_a_second_make_up_changes_nothing(demo):
+    """Run again while the resumed training is still going, as a user would: nothing changes, the training
+    container is neither recreated nor restarted (the stage also runs alongside training instead of after it)."""
+    train = _inspect("dinops-train")
     done, seconds = _run(["make", "up"], log="newcomer-make-up-second.log")
-    print(f"newcomer: second make up: {seconds:.0f} s")
+    print(f"newcomer: second make up: {seconds:.0f} s (training {train['State']['Status']} when it started)")
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     recap = _recap(done.stdout)
     changed = re.findall(r"changed: \[localhost\].*", done.stdout)
     assert recap["changed"] == 0, changed
+    after = _inspect("dinops-train")
+    assert after["Id"] == train["Id"] and after["RestartCount"] == train["RestartCount"], after["State"]
 
 
 def _host_address() -> str:
@@ -412,6 +377,48 @@ def _probe_tls(address: str) -> bool:
     except (OSError, ssl.SSLError):
         return False
     return status == 200
+
+
+def test_training_finishes_and_inference_serves_the_final_model(demo):
+    began = time.monotonic()
+    _wait("training to finish", lambda: _inspect("dinops-train")["State"]["Status"] == "exited", timeout=1500, every=5)
+    state = _inspect("dinops-train")["State"]
+    assert state["ExitCode"] == 0, subprocess.run(["docker", "logs", "--tail", "30", "dinops-train"],
+                                                  capture_output=True, text=True).stderr  # fmt: skip
+    final = (DATA / "dinops-output" / "checkpoint.pth").stat()
+
+    def final_loaded() -> dict:
+        health = _healthz()
+        loaded = health.get("loaded") or {}
+        return health if health.get("model") == "ready" and loaded.get("mtime_ns") == final.st_mtime_ns else {}
+
+    health = _wait("inference to load the final checkpoint", final_loaded, timeout=300)
+    print(f"newcomer: training finished and inference reloaded {time.monotonic() - began:.0f} s later: {health}")
+
+
+def test_a_browser_uploads_an_image_and_sees_the_shapes_found(demo):
+    if not CHROMIUM.exists():
+        pytest.fail("the demo's browser check needs Debian's chromium: apt-get install -y chromium")
+    from playwright.sync_api import sync_playwright
+
+    image = sorted((DATA / "dinops-dataset" / "coco" / "val2017").glob("*.jpg"))[0]
+    args = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=args)
+        page = browser.new_page(viewport={"width": 1100, "height": 900})
+        page.set_default_timeout(120_000)
+        page.goto("http://127.0.0.1:30000/")
+        page.set_input_files("#file", str(image))
+        page.wait_for_selector('#status[data-state="done"]')
+        names = [r.locator("td").first.text_content() for r in page.locator("tr.detection").all()]
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "demo-client.png"), full_page=True)
+        box = page.evaluate("() => { const r = document.getElementById('canvas').getBoundingClientRect();"
+                            " return [r.width, r.height]; }")  # fmt: skip
+        browser.close()
+    assert names, "no detection above the threshold on a validation image of the demo dataset"
+    assert set(names) <= DEMO_NAMES, names
+    assert max(box) >= 480, f"a {image.name} of the demo is shown at {box} CSS px: too small to read"
 
 
 def test_a_changed_setting_recreates_only_its_container(demo):
