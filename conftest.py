@@ -9,3 +9,10 @@ import importlib.util
 
 if importlib.util.find_spec("torch") is not None:
     import torch._dynamo  # noqa: F401
+
+
+def pytest_collection_modifyitems(config, items):
+    """The slow proofs first (the learning test trains for minutes on one core): under pytest-xdist's loadfile
+    scheduling each file goes whole to one worker in collection order, and `testpaths` lists tests/ before
+    apps/tests, so the learning proof was handed out last and ran alone at the end of the stage."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

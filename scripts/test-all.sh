@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # `make test`: every stage, one timing line each (scripts/stage.sh), every stage run even after a failure.
 #   set-up first (everything the others need); then two lanes side by side, because one is mostly CPU-bound (lint,
-#   then the Python tests, the longest stage) while the other mostly waits on apt, dpkg and containers (Molecule,
-#   the image builds, the GPU rehearsal, then Chromium, which fit beside the Python tests since Molecule pipelines
-#   its tasks); the newcomer stage last and alone, since it stops this machine's Docker daemon.
+#   the Python tests, then the GPU rehearsal) while the other mostly waits on apt, dpkg and containers (Molecule, the
+#   image builds, then Chromium); in the last CI run they ended within two minutes of each other. The newcomer stage
+#   last and alone, since it stops this machine's Docker daemon.
 # While the lanes run, each stage writes to artifacts/stages/<stage>.log; the logs are printed whole, in stage order,
 # once both lanes are done (a failed stage's log last, so that its end is what a reader sees first).
 #   scripts/test-all.sh            (TEST_LANES=1 runs the same stages one after another, output as it comes)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 logs=artifacts/stages
-lane_cpu=(lint:lint python-tests:pytest)
-lane_docker=(molecule:molecule images:images gpu-rehearsal:gpu-rehearsal browser:browser)
+lane_cpu=(lint:lint python-tests:pytest gpu-rehearsal:gpu-rehearsal)
+lane_docker=(molecule:molecule images:images browser:browser)
 failed=()
 
 stage() { # stage NAME TARGET: run one make target as a stage, its output on stdout
