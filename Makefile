@@ -83,7 +83,8 @@ molecule: $(VENV)/.dev ## Every Molecule scenario: converge, idempotence (change
 # started server) are made once, and the tests pick free ports and their own temporary directories.
 PYTEST_WORKERS ?= $(shell nproc)
 pytest: $(VENV)/.dev ## Python tests: the apps, the Ansible plugins, inventories and manifests (PYTEST_WORKERS at a time)
-	python -m pytest -m "not browser and not images and not newcomer and not rehearsal" --numprocesses=$(PYTEST_WORKERS) --dist=loadfile --durations=25 \
+	python -m pytest -m "not browser and not images and not newcomer and not rehearsal" --numprocesses=$(PYTEST_WORKERS) --dist=loadfile \
+	  --no-loadscope-reorder --durations=25 \
 	  $(PYTEST_ARGS)
 
 images: $(VENV)/.dev docker ## Build every container image (air-gapped mode) and run it

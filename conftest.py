@@ -5,6 +5,7 @@ Importing ansible (the Ansible plugin and playbook tests do) replaces ``sys.inte
 Importing torch's compiler stack first, where torch is installed, keeps both working in one process.
 """
 
+import collections
 import importlib.util
 
 if importlib.util.find_spec("torch") is not None:
@@ -12,7 +13,9 @@ if importlib.util.find_spec("torch") is not None:
 
 
 def pytest_collection_modifyitems(config, items):
-    """The slow proofs first (the learning test trains for minutes on one core): under pytest-xdist's loadfile
-    scheduling each file goes whole to one worker in collection order, and `testpaths` lists tests/ before
-    apps/tests, so the learning proof was handed out last and ran alone at the end of the stage."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """The slow proofs first, then the files with the most tests (the order pytest-xdist's loadfile would choose by
+    itself): each file goes whole to one worker in this order (the Makefile passes --no-loadscope-reorder, since
+    xdist's own reorder, by test count alone, handed the learning proof, one test of 7 minutes, out last, where it
+    ran alone at the end of the stage)."""
+    per_file = collections.Counter(item.nodeid.split("::")[0] for item in items)
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None, -per_file[item.nodeid.split("::")[0]]))
