@@ -1,7 +1,7 @@
 """Sizes of the dinops images and what takes the space, plus the time of a (warm) build.
 
-Builds the images if needed (air-gapped mode by default, as CI; ``--pull-mode`` for python:3.11-slim), then prints
-one line per image: its size, the size of its own layers above its parent, and the limit it must keep; then the
+Builds the images if needed (air-gapped mode by default, as CI; ``--pull-mode`` for python:3.11-slim-bookworm), then
+prints one line per image: its size, the size of its own layers above its parent, and the limit it must keep; then the
 largest packages inside the shared PyTorch image. The cold build time comes from the last image test run
 (build/image-logs/timings.json). Exit 1 when the client or downloader image is over its 150 MB limit.
 ``make bench`` runs it as ``python apps/bench/bench_images.py``.
@@ -49,7 +49,7 @@ def docker_json(*args: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pull-mode", action="store_true", help="python:3.11-slim base and the package index")
+    parser.add_argument("--pull-mode", action="store_true", help="python:3.11-slim-bookworm base and the package index")
     parser.add_argument("--top", type=int, default=8, help="largest entries of the PyTorch image to list")
     args = parser.parse_args(argv)
     build = load_build()

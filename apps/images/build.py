@@ -12,7 +12,8 @@ Images form a chain, so that the multi-GB PyTorch layer is built once and shared
                             │                ├─ dinops-train
                             │                └─ dinops-gpu-check
                             ├─ dinops-client
-                            └─ dinops-download
+                            ├─ dinops-download
+                            └─ dinops-prometheus   (Debian's prometheus package, installed in a stage on the base)
 
 Every image is tagged ``<version>-<content hash>``; the hash covers its Dockerfile, the files it copies from the
 build context (apps/), the constraints and its parent's tag, which itself covers the base image's ID. An image
@@ -21,9 +22,9 @@ whose tag exists is not built again, so a second run builds nothing. The moving 
 builds left behind (superseded images and build stages, found by their content-hash label); Docker keeps anything
 a container still uses. Each change to the sources otherwise leaves about 1.3 GB behind.
 
-One switch selects the mode. Default: ``--base python:3.11-slim`` and packages from the index. ``--airgap``: the
-base is built from Debian's archive by scripts/debian-image.sh and packages come only from the wheelhouse
-prepared by scripts/wheelhouse.sh, served to the build over HTTP on 127.0.0.1 for the duration of the build
+One switch selects the mode. Default: ``--base python:3.11-slim-bookworm`` and packages from the index.
+``--airgap``: the base is built from Debian's archive by scripts/debian-image.sh and packages come only from the
+wheelhouse prepared by scripts/wheelhouse.sh, served to the build over HTTP on 127.0.0.1 for the duration of the build
 (``docker build --network host``, ``pip --no-index --find-links``): the wheels never enter a build context or a
 layer. Standard library only: the images role runs ``plan`` on build hosts that have nothing but Python.
 """
@@ -50,7 +51,7 @@ from pathlib import Path
 IMAGES_DIR = Path(__file__).resolve().parent
 CONTEXT = IMAGES_DIR.parent  # apps/: the build context; apps/.dockerignore keeps it to the files below
 REPO = CONTEXT.parent
-DEFAULT_BASE = "python:3.11-slim"
+DEFAULT_BASE = "python:3.11-slim-bookworm"
 AIRGAP_BASE = "dinops-python:bookworm"
 AIRGAP_BASE_PACKAGES = ("python3", "python3-venv", "ca-certificates", "tini")
 PREFIX = "dinops-"
@@ -66,11 +67,15 @@ CHAIN: dict[str, tuple[str | None, tuple[str, ...]]] = {
     "gpu-check": ("torch", APP_FILES),
     "client": ("runtime", APP_FILES),
     "download": ("runtime", APP_FILES),
+    "prometheus": ("runtime", ()),
 }
-APPLICATIONS = ("serve", "train", "gpu-check", "client", "download")
+APPLICATIONS = ("serve", "train", "gpu-check", "client", "download", "prometheus")
 # What a build host needs of apps/: the inputs of every image, this script and the Dockerfiles.
 ARCHIVED = (".dockerignore", "README.md", "constraints.txt", "images", "pyproject.toml", "src")
 PARENT_ARG = {"runtime": "RUNTIME_IMAGE", "torch": "TORCH_IMAGE"}
+# Images with a build stage on the base image itself (apt, which dinops-runtime no longer has): they get BASE_IMAGE
+# as well. Their hash needs nothing more: the parent's tag already covers the base image's ID.
+BASE_STAGE = ("prometheus",)
 IGNORED = re.compile(r"(^|/)(__pycache__|[^/]*\.egg-info)(/|$)|\.py[co]$")
 
 
@@ -165,6 +170,8 @@ def plan(base: str, names: tuple[str, ...] = APPLICATIONS) -> list[Step]:
         parent_ref = f"{base}@{base_id}" if parent is None else steps[parent].image
         digest = content_hash(name, parent_ref)
         args = {"BASE_IMAGE": base} if parent is None else {PARENT_ARG[parent]: steps[parent].image}
+        if name in BASE_STAGE:
+            args["BASE_IMAGE"] = base
         if name in APPLICATIONS:
             args.update(VERSION=tag_version, REVISION=revision(), SOURCE=source_url())
         steps[name] = Step(

@@ -150,7 +150,9 @@ def host(tmp_path_factory):
 
 def test_the_drop_in_names_the_claims_and_the_longest_stop_timeout(host):
     dropin = _in("cat /etc/systemd/system/docker.service.d/dinops-workloads.conf").stdout
-    assert f"RequiresMountsFor={DATA_DIR}/dinops-dataset {DATA_DIR}/dinops-output\n" in dropin
+    assert (
+        f"RequiresMountsFor={DATA_DIR}/dinops-dataset {DATA_DIR}/dinops-output {DATA_DIR}/dinops-prometheus-data\n"
+    ) in dropin
     longest = max(c["stop_timeout"] for c in host["containers"])
     assert longest == 300 and "[Service]\nTimeoutStopSec=330\n" in dropin
 

@@ -161,7 +161,12 @@ def test_containers_take_their_volumes_with_them():
 def test_the_plan_names_the_claims_mounts_and_the_longest_stop_timeout(demo):
     plan = DOCKER.docker_plan(demo, SETTINGS)
     assert plan["service"] == {
-        "requires_mounts_for": ["/var/lib/dinops/volumes/dinops-dataset", "/var/lib/dinops/volumes/dinops-output"],
+        # Prometheus' TSDB (k8s/components/monitoring) is a claim's directory like the others.
+        "requires_mounts_for": [
+            "/var/lib/dinops/volumes/dinops-dataset",
+            "/var/lib/dinops/volumes/dinops-output",
+            "/var/lib/dinops/volumes/dinops-prometheus-data",
+        ],
         "timeout_stop_s": 300 + 30,
     }
 

@@ -101,14 +101,17 @@ def test_the_generated_layer_carries_the_profile(rendered_by_the_role):
     layer = yaml.safe_load((tmp / "build" / "kustomization.yaml").read_text())
     k8s_root = os.path.relpath(REPO / "k8s", tmp / "build")
     assert layer["resources"] == [f"{k8s_root}/overlays/k3s-gpu"]
-    assert layer["components"] == [f"{k8s_root}/components/serve-on-cpu"]
+    # Prometheus (workloads_monitoring, on by default) and, on this GPU k3s cluster, NVIDIA's DCGM exporter placed on
+    # the GPU nodes.
+    assert layer["components"] == [f"{k8s_root}/components/{c}" for c in (
+        "serve-on-cpu", "monitoring", "dcgm-exporter", "dcgm-exporter/k3s")]  # fmt: skip
     train = next(g for g in layer["configMapGenerator"] if g["name"] == "dinops-train-config")
     assert train["literals"] == ["DINO_AMP=bf16", "DINO_BATCH_SIZE=4", "DINO_NUM_WORKERS=6"]
     serve = next(g for g in layer["configMapGenerator"] if g["name"] == "dinops-serve-config")
     assert serve["literals"] == ["DINO_BATCH_MAX_SIZE=3"]
     assert {i["name"]: i["newTag"] for i in layer["images"]} == dict.fromkeys(
-        ("dinops-download", "dinops-train", "dinops-serve", "dinops-client"), "0.2.0-abc"
-    )
+        ("dinops-download", "dinops-train", "dinops-serve", "dinops-client", "dinops-prometheus"), "0.2.0-abc"
+    ) | {"nvcr.io/nvidia/k8s/dcgm-exporter": "4.5.3-4.8.2-distroless"}  # workloads_dcgm_exporter_image's default
 
 
 def test_the_objects_to_apply_follow_the_profile(rendered_by_the_role):
@@ -131,6 +134,7 @@ def test_without_training_the_jobs_follow_the_profile(tmp_path):
     stage = {
         "serve": "dinops-serve:0.1.0-aaaa",
         "client": "dinops-client:0.1.0-bbbb",
+        "prometheus": "dinops-prometheus:0.1.0-cccc",
         "gpu-check": "dinops-gpu-check:c",
     }
     (tmp_path / "images.json").write_text(json.dumps(stage))
@@ -143,7 +147,8 @@ def test_without_training_the_jobs_follow_the_profile(tmp_path):
         for o in objects
         if o["kind"] == "Deployment"
     }
-    assert images == {"dinops-serve": "dinops-serve:0.1.0-aaaa", "dinops-client": "dinops-client:0.1.0-bbbb"}
+    assert images == {"dinops-serve": "dinops-serve:0.1.0-aaaa", "dinops-client": "dinops-client:0.1.0-bbbb",
+                      "dinops-prometheus": "dinops-prometheus:0.1.0-cccc"}  # fmt: skip
 
 
 def test_a_bad_profile_value_stops_the_run_with_the_variable_named(tmp_path):
@@ -160,7 +165,7 @@ def test_training_asked_on_a_profile_that_does_not_train_is_reported_and_not_app
     assert "dinops_train is true but profile infer lists no train" in result.stdout
     objects = json.loads((tmp_path / "objects.json").read_text())
     names = sorted(o["metadata"]["name"] for o in objects if o["kind"] in ("Job", "Deployment"))
-    assert names == ["dinops-client", "dinops-serve"]
+    assert names == ["dinops-client", "dinops-prometheus", "dinops-serve"]
 
 
 def test_requests_are_sized_from_the_host_and_a_host_too_small_is_refused(tmp_path):
@@ -175,4 +180,20 @@ def test_requests_are_sized_from_the_host_and_a_host_too_small_is_refused(tmp_pa
     small = {**PROFILE, "name": "tiny", "host_vcpus": 2, "host_memory_gb": 4}
     refused = run_playbook(tmp_path, {"dinops_train": True, "dinops_cluster": "minikube", "gpu_profile": small})
     assert refused.returncode != 0
-    assert "profile tiny: download, client, serve, train cannot all fit on its node" in refused.stdout
+    assert "profile tiny: download, client, prometheus, serve, train cannot all fit on its node" in refused.stdout
+
+
+def test_monitoring_off_renders_no_prometheus_and_a_bad_retention_names_its_variable(tmp_path):
+    """workloads_monitoring false: no Prometheus, its Services, claim or policies, no DCGM exporter; a retention that
+    is not a Prometheus duration stops the run naming the variable."""
+    off = tmp_path / "off"
+    off.mkdir()
+    result = run_playbook(off, {"dinops_train": True, "workloads_monitoring": False})
+    assert result.returncode == 0, result.stdout[-4000:]
+    objects = json.loads((off / "objects.json").read_text())
+    names = {o["metadata"]["name"] for o in objects}
+    assert not {n for n in names if "prometheus" in n or "metrics" in n or "dcgm" in n}, sorted(names)
+    assert "dinops-train" in names
+    bad = run_playbook(tmp_path, {"workloads_prometheus_retention_time": "two weeks"})
+    assert bad.returncode != 0
+    assert "workloads_prometheus_retention_time must be a Prometheus duration" in bad.stdout

@@ -36,7 +36,9 @@ def layers(tmp_path_factory) -> dict[str, list[dict]]:
     root = tmp_path_factory.mktemp("docker-layers")
     out = {}
     for name, settings in ALL_VARIANTS.items():
-        objects = render_site(root, name, settings)
+        # NVIDIA's DCGM exporter is a cluster's DaemonSet, which a layer of the Docker runtime never holds
+        # (filter_plugins/monitoring.py DCGM_COMPONENTS): the cluster layers translated here leave it out.
+        objects = [o for o in render_site(root, name, settings) if o["kind"] != "DaemonSet"]
         plan = SIZING.site_plan(settings)
         out[name] = JOBS.prepare_objects(objects, plan["apps"]["train"], plan["apps"]["download"])
     return out
@@ -138,7 +140,8 @@ def test_each_workload_runs_the_same_in_docker(layers, variant):
 def test_the_demo_makes_synthetic_data_trains_the_tiny_model_and_publishes_the_client(layers):
     plan = DOCKER.docker_plan(layers["docker-cpu-demo"], SETTINGS)
     by_name = {c["name"]: c for c in plan["containers"]}
-    assert plan["names"] == ["dinops-download", "dinops-train", "dinops-serve", "dinops-client"]
+    # Prometheus last: it scrapes the others (tests/k8s/test_monitoring.py).
+    assert plan["names"] == ["dinops-download", "dinops-train", "dinops-serve", "dinops-client", "dinops-prometheus"]
     assert by_name["dinops-download"]["command"][:3] == ["dinops", "synth", "--out=/data/coco"]
     assert by_name["dinops-download"]["image"].startswith("dinops-train")
     train = by_name["dinops-train"]
@@ -150,12 +153,14 @@ def test_the_demo_makes_synthetic_data_trains_the_tiny_model_and_publishes_the_c
     assert by_name["dinops-client"]["published_ports"] == ["127.0.0.1:30000:8080"]
     assert by_name["dinops-client"]["env"]["DINO_API_URL"] == "http://dinops-serve:8000"
     assert "published_ports" not in by_name["dinops-serve"]
-    assert all(c["networks"] == [{"name": "dinops", "aliases": []}] for c in plan["containers"])
+    # The training and API containers also answer to the headless Services Prometheus resolves.
+    aliases = {"dinops-train": ["dinops-train-metrics"], "dinops-serve": ["dinops-serve-metrics"]}
+    assert all(c["networks"] == [{"name": "dinops", "aliases": aliases.get(c["name"], [])}] for c in plan["containers"])
     # 2 vCPUs: everything that runs at once fits (facts/cluster.yml docker: 100m kept for the host).
     assert sum(c["cpu_shares"] for c in plan["containers"]) * 1000 // 1024 <= 1900
     assert plan["directories"] == [
         {"path": f"/var/lib/dinops/volumes/{claim}", "owner": 10001, "group": 10001, "mode": "02775"}
-        for claim in ("dinops-dataset", "dinops-output")
+        for claim in ("dinops-dataset", "dinops-output", "dinops-prometheus-data")
     ]
 
 

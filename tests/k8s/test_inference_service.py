@@ -38,6 +38,14 @@ sizing = load_workloads_filters("sizing")
 COMPONENT = K8S / "components" / "inferenceservice"
 PORT = 8080
 PROBE_FIELDS = ("startupProbe", "readinessProbe", "livenessProbe")
+# Prometheus' objects (k8s/components/monitoring) and the DCGM exporter's Service, beside inference in either form.
+MONITORING = {
+    "dinops-prometheus",
+    "dinops-train-metrics",
+    "dinops-serve-metrics",
+    "dinops-predictor-metrics",
+    "dcgm-exporter",
+}
 # What the component sets on the model server: the port setting and the model's name (KServe's: the
 # InferenceService's name).
 COMPONENT_ENV = {"DINO_BIND": f"0.0.0.0:{PORT}", "DINO_MODEL_NAME": "dinops"}
@@ -109,7 +117,10 @@ def test_the_predictor_carries_the_serve_pod_it_replaces(rendered, folded, site)
     assert folded_predictor["minReplicas"] == folded_predictor["maxReplicas"] == deployment["spec"].get("replicas", 1)
     assert folded_predictor["deploymentStrategy"] == deployment["spec"]["strategy"] == {"type": "Recreate"}
     template_labels = deployment["spec"]["template"]["metadata"]["labels"]
-    assert folded_predictor["labels"] == {**template_labels, "sidecar.istio.io/inject": "false"}
+    # The component's labels win: Istio's, and the serving form Prometheus' Services select by.
+    assert template_labels["dinops.io/serving"] == "deployment"
+    assert folded_predictor["labels"] == {**template_labels, "sidecar.istio.io/inject": "false",
+                                          "dinops.io/serving": "kserve"}  # fmt: skip
     assert find(folded[site], "InferenceService", "dinops")["metadata"]["namespace"] == "dinops"
 
 
@@ -211,8 +222,18 @@ def test_the_serve_deployment_and_service_go_and_the_client_calls_the_predictor(
     objects = folded[site]
     assert [o for o in objects if o["metadata"]["name"] == "dinops-serve"] == []
     client = sizing.site_plan(SITE_VARIANTS[site])["apps"]["client"]
-    left = sorted((o["kind"], o["metadata"]["name"]) for o in objects if o["kind"] in ("Deployment", "Service"))
+    left = sorted(
+        (o["kind"], o["metadata"]["name"])
+        for o in objects
+        if o["kind"] in ("Deployment", "Service") and o["metadata"]["name"] not in MONITORING
+    )
     assert left == ([("Deployment", "dinops-client"), ("Service", "dinops-client")] if client else [])
+    # Prometheus' headless Services: the Deployment's (8000) leaves the predictor out, the component's (8080) takes
+    # it in (tests/k8s/test_monitoring.py evaluates them against the predictor's pod labels).
+    serve_metrics = find(objects, "Service", "dinops-serve-metrics")["spec"]["selector"]
+    assert serve_metrics == {"app.kubernetes.io/name": "dinops-serve", "dinops.io/serving": "deployment"}
+    predictor_metrics = find(objects, "Service", "dinops-predictor-metrics")["spec"]["selector"]
+    assert predictor_metrics == {"app.kubernetes.io/name": "dinops-serve", "dinops.io/serving": "kserve"}
     (client_config,) = [o for o in objects if o["metadata"]["name"].startswith("dinops-client-config")]
     assert client_config["data"]["DINO_API_URL"] == "http://dinops-predictor"
     assert "http://dinops-serve" not in json.dumps(objects)
@@ -232,8 +253,9 @@ def test_the_ingress_sends_the_api_to_the_predictor_service(folded):
 
 
 def test_the_component_changes_nothing_else(tmp_path, rendered):
-    """Without the fold the layer is the one without the component, plus the InferenceService, the client's
-    ConfigMap under its new content hash (so that the client's pods roll) and the client's reference to it."""
+    """Without the fold the layer is the one without the component, plus the InferenceService and Prometheus'
+    headless Service for it, the client's ConfigMap under its new content hash (so that the client's pods roll) and
+    the client's reference to it."""
     site = "rtx3060ti-inference"
     before = render_site(tmp_path, site, SITE_VARIANTS[site])
     after = rendered[site]
@@ -244,7 +266,8 @@ def test_the_component_changes_nothing_else(tmp_path, rendered):
 
     before_by_key = {key(o): o for o in before}
     after_by_key = {key(o): o for o in after}
-    assert set(after_by_key) - set(before_by_key) == {("InferenceService", "dinops")}
+    assert set(after_by_key) - set(before_by_key) == {("InferenceService", "dinops"),
+                                                      ("Service", "dinops-predictor-metrics")}  # fmt: skip
     changed = sorted(k for k in before_by_key if before_by_key[k] != after_by_key[k])
     assert changed == [("ConfigMap", "dinops-client-config"), ("Deployment", "dinops-client")]
     client_env = pod_spec(after_by_key[("Deployment", "dinops-client")])["containers"][0]["envFrom"]
@@ -410,7 +433,7 @@ def test_the_legacy_mode_name_is_accepted(objects):
 def test_the_component_is_a_kustomize_component():
     kustomization = yaml.safe_load((COMPONENT / "kustomization.yaml").read_text())
     assert kustomization["kind"] == "Component"
-    assert kustomization["resources"] == ["inferenceservice.yaml"]
+    assert kustomization["resources"] == ["inferenceservice.yaml", "service-predictor-metrics.yaml"]
 
 
 def test_ansible_finds_the_filter():

@@ -40,7 +40,10 @@ NGINX = ({"kubernetes.io/metadata.name": "ingress-nginx"}, {"app.kubernetes.io/n
 # Pods of the namespace that must stay unreachable from the API and the client.
 OTHERS = ({"app.kubernetes.io/name": "dinops-train"}, {"app.kubernetes.io/name": "dinops-download"})
 # Named ports, as the pods declare them: the API's http is 8000 (8080 in the KServe predictor), the client's 8080.
-PORTS = {"dinops-serve": {"http": 8000}, "dinops-client": {"http": 8080}}
+# The trainer's metrics (9109), Prometheus' http (9090), the DCGM exporter's metrics (9400): k8s/base/job-train.yaml,
+# k8s/components/monitoring, k8s/components/dcgm-exporter.
+PORTS = {"dinops-serve": {"http": 8000}, "dinops-client": {"http": 8080}, "dinops-train": {"metrics": 9109},
+         "dinops-prometheus": {"http": 9090}, "dinops-dcgm-exporter": {"metrics": 9400}}  # fmt: skip
 INGRESS_SITES = sorted(n for n, s in SITE_VARIANTS.items() if s.get("ingress"))
 
 

@@ -19,6 +19,7 @@ filters = load_workloads_filters()
 jobs = load_workloads_filters("jobs")
 node_budget = load_workloads_filters("node_budget")
 sizing = load_workloads_filters("sizing")
+PROMETHEUS_CLAIM = load_workloads_filters("monitoring").CLAIM
 
 
 def shm_limit(objects):
@@ -66,6 +67,7 @@ def test_images_are_renamed_and_retagged(rendered_sites):
         "dinops-train": "registry.local/dinops-train:abc123",
         "dinops-serve": "registry.local:5000/dinops-serve:0.2.0-5f3a9c1e",
         "dinops-client": "registry.local:5000/dinops-client:0.2.0-5f3a9c1e",
+        "dinops-prometheus": "registry.local:5000/dinops-prometheus:0.2.0-5f3a9c1e",
     }
     staged = {
         o["metadata"]["name"]: pod_spec(o)["containers"][0]["image"]
@@ -76,6 +78,8 @@ def test_images_are_renamed_and_retagged(rendered_sites):
         "dinops-train": "registry.local:5000/dinops-train:0.1.0-9c1d",
         "dinops-serve": "dinops-serve:0.1.0-3f2a",
         "dinops-client": "dinops-client:0.1.0-77aa",
+        # Not in that images.json: the monitoring component's own tag stays.
+        "dinops-prometheus": "dinops-prometheus:0.1.0",
     }
     # Without a tag from the images stage, the base's tag stays.
     assert pod_spec(find(rendered_sites["cpu-storage-class"], "Job", "dinops-download"))["containers"][0]["image"] == (
@@ -99,7 +103,11 @@ def test_ingress_only_when_asked(rendered_sites):
 def test_static_volumes_bind_by_label(rendered_sites):
     objects = rendered_sites["cpu-static-volumes"]
     volumes = [o for o in objects if o["kind"] == "PersistentVolume"]
-    claims = [o for o in objects if o["kind"] == "PersistentVolumeClaim"]
+    # The data claims; Prometheus' TSDB (k8s/components/monitoring) keeps the cluster's dynamic provisioning (k3s'
+    # local-path is there beside the static volumes): no selector, no class of its own.
+    claims = [o for o in objects if o["kind"] == "PersistentVolumeClaim" and o["metadata"]["name"] != PROMETHEUS_CLAIM]
+    prometheus = find(objects, "PersistentVolumeClaim", PROMETHEUS_CLAIM)["spec"]
+    assert "selector" not in prometheus and "storageClassName" not in prometheus
     assert len(volumes) == len(claims) == 2
     for claim in claims:
         selector = claim["spec"]["selector"]["matchLabels"]
@@ -113,7 +121,10 @@ def test_static_volumes_bind_by_label(rendered_sites):
 
 def test_storage_class_override(rendered_sites):
     claims = [o for o in rendered_sites["cpu-storage-class"] if o["kind"] == "PersistentVolumeClaim"]
-    assert [c["spec"]["storageClassName"] for c in claims] == ["fast-ssd", "fast-ssd"]
+    # The dataset, the output and Prometheus' TSDB.
+    assert {c["metadata"]["name"]: c["spec"]["storageClassName"] for c in claims} == dict.fromkeys(
+        ("dinops-dataset", "dinops-output", PROMETHEUS_CLAIM), "fast-ssd"
+    )
 
 
 @pytest.mark.parametrize(

@@ -58,6 +58,11 @@ KUBEFLOW_KINDS = {
     "PyTorchJob": "workloads_train_kind",
     "Experiment": "workloads_hpo",
 }
+# A ClusterIP Service of something without a login (Prometheus, k8s/components/monitoring): on a cluster users reach it
+# with kubectl port-forward; here its one port is published on the host's loopback at the port this annotation names
+# (settings loopback_ports may move it), never on publish_address, which may be a public one (docs/security.md).
+LOOPBACK_ANNOTATION = "dinops.io/docker-loopback-port"
+LOOPBACK = "127.0.0.1"
 HASH_LABEL = "dinops.io/template-sha256"
 KIND_LABEL = "dinops.io/kind"
 RUNTIME_LABEL = "dinops.io/runtime"
@@ -403,7 +408,11 @@ def _container(obj: dict[str, Any], index: dict[str, Any], settings: dict[str, A
             _require(target is not None, f"Service {service['metadata']['name']}: targetPort is not a port of {name}")
             if service["spec"].get("type") == "NodePort" and port.get("nodePort"):
                 host_port = int(settings.get("node_ports", {}).get(int(port["nodePort"]), port["nodePort"]))
-                published.append(f"{settings.get('publish_address') or '127.0.0.1'}:{host_port}:{target}")
+                published.append(f"{settings.get('publish_address') or LOOPBACK}:{host_port}:{target}")
+        loopback = _loopback_port(service, settings)
+        if loopback:
+            target = service["spec"]["ports"][0].get("targetPort", service["spec"]["ports"][0]["port"])
+            published.append(f"{LOOPBACK}:{loopback}:{ports.get(target) if isinstance(target, str) else int(target)}")
     spec["networks"] = [{"name": settings["network"], "aliases": sorted(set(aliases) - {name})}]
     if published:
         spec["published_ports"] = published
@@ -420,12 +429,31 @@ def _container(obj: dict[str, Any], index: dict[str, Any], settings: dict[str, A
     return spec
 
 
+def _loopback_port(service: dict[str, Any], settings: dict[str, Any]) -> int | None:
+    """The host port a Service with LOOPBACK_ANNOTATION is published on (on 127.0.0.1 only), or None without it."""
+    name = service["metadata"]["name"]
+    value = ((service["metadata"].get("annotations") or {}).get(LOOPBACK_ANNOTATION) or "").strip()
+    if not value:
+        return None
+    _require(value.isdigit() and 0 < int(value) < 65536, f"Service {name}: {LOOPBACK_ANNOTATION} must be a port "
+             f"number, got {value!r}")  # fmt: skip
+    _require(service["spec"].get("type", "ClusterIP") == "ClusterIP" and service["spec"].get("clusterIP") != "None",
+             f"Service {name}: {LOOPBACK_ANNOTATION} is for a ClusterIP Service (a NodePort is published on "
+             "publish_address, a headless Service has no port of its own)")  # fmt: skip
+    _require(len(service["spec"].get("ports") or []) == 1, f"Service {name}: {LOOPBACK_ANNOTATION} publishes one "
+             "port; the Service has several")  # fmt: skip
+    port = int((settings.get("loopback_ports") or {}).get(int(value), value))
+    _require(0 < port < 65536, f"Service {name}: its loopback host port must be 1-65535, got {port}")
+    return port
+
+
 # Seconds systemd gives dockerd beyond its longest container stop timeout at shutdown: dockerd adds a 5 s grace to the
 # longest stop timeout (moby daemon.ShutdownTimeout) and then stops its own plugins and containerd's tasks.
 SHUTDOWN_MARGIN_S = 30
 
-# The order in which containers are created: data first, then training, then serving and the client that calls it.
-ORDER = ("dinops-download", "dinops-checkpoint", "dinops-train", "dinops-serve", "dinops-client")
+# The order in which containers are created: data first, then training, then serving and the client that calls it,
+# then Prometheus, which scrapes them.
+ORDER = ("dinops-download", "dinops-checkpoint", "dinops-train", "dinops-serve", "dinops-client", "dinops-prometheus")
 
 
 def docker_plan(objects: list[dict[str, Any]], settings: dict[str, Any]) -> dict[str, Any]:
@@ -433,7 +461,8 @@ def docker_plan(objects: list[dict[str, Any]], settings: dict[str, Any]) -> dict
 
     ``settings``: data_dir (the host directory that holds one directory per claim), network (the bridge network's
     name), publish_address (where NodePorts are published, default loopback only), node_ports ({nodePort: host
-    port}, to move one), owner ({uid, gid} of the claims' directories, default the pods' runAsUser/fsGroup).
+    port}, to move one), loopback_ports ({port of LOOPBACK_ANNOTATION: host port}, to move one; always on
+    127.0.0.1), owner ({uid, gid} of the claims' directories, default the pods' runAsUser/fsGroup).
     Returns {network, directories: [{path, owner, group, mode}], files: [{path, content}] (configMap volumes),
     containers: [docker_container parameters], names: [container names in start order], secrets: [{name, path,
     owner} of the Secrets the containers mount: a directory per Secret, one file per key, see _secret_volume]}.

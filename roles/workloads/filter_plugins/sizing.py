@@ -31,6 +31,7 @@ WorkloadsError = _sibling("workloads_error").WorkloadsError
 _require = _sibling("workloads_error").require
 _quantities = _sibling("quantities")
 _node_budget = _sibling("node_budget")
+_monitoring = _sibling("monitoring")
 
 OVERLAYS = ("cpu", "minikube-gpu", "k3s-gpu", "docker-gpu")
 GPU_OVERLAYS = ("minikube-gpu", "k3s-gpu", "docker-gpu")
@@ -39,9 +40,14 @@ PROFILE_WORKLOADS = ("download", "train", "inference", "client")
 # Requests and limits per pod: {cpu_m, memory_mi} requests, {cpu_m, memory_mi} limits. Fixed-size helpers first;
 # serve by where it runs; train gets what is left, between its minimum and its wish, per training process.
 HELPERS = {
-    "download": {"requests": (500, 256), "limits": (2000, 1024)},
+    # 450m: the 50m Prometheus requests came from here, so that every node that fitted the download, training and
+    # inference before still fits them with Prometheus (an a10g's 4-vCPU minikube node beside Trainer has no more).
+    "download": {"requests": (450, 256), "limits": (2000, 1024)},
     "client": {"requests": (100, 128), "limits": (1000, 512)},
     "checkpoint": {"requests": (100, 128), "limits": (1000, 512)},
+    # Prometheus (workloads_monitoring; k8s/components/monitoring): a few targets every 15 s take some millicores and
+    # some tens of MiB.
+    "prometheus": {"requests": (50, 192), "limits": (1000, 1024)},
 }
 SERVE = {
     # The model on the GPU: the CPU feeds it (decoding, pre- and post-processing).
@@ -68,7 +74,7 @@ def cluster_of(overlay: str) -> str:
 def site_plan(settings: dict[str, Any]) -> dict[str, Any]:
     """What the layer of one host runs and with which requests, from its profile and its node.
 
-    Returns {apps: {app: bool} (download, train, serve, client, checkpoint), serve_device (gpu or cpu),
+    Returns {apps: {app: bool} (download, train, serve, client, checkpoint, prometheus), serve_device (gpu or cpu),
     train_processes, notes (what the role prints), resources ({app: {requests: {cpu, memory}, limits: {...}}}, empty
     when the node is unknown), nodes ({app: node} it was sized against)}. Raises WorkloadsError naming the profile
     and what is short when the pods cannot all fit.
@@ -114,6 +120,8 @@ def site_plan(settings: dict[str, Any]) -> dict[str, Any]:
         "client": "client" in listed,
     }
     apps["checkpoint"] = bool(settings.get("checkpoint_url")) and apps["serve"]
+    # Prometheus runs whatever else does (workloads_monitoring, on unless set false).
+    apps["prometheus"] = _monitoring.monitoring_settings(settings)["enabled"]
     if settings.get("checkpoint_url") and not apps["serve"]:
         notes.append(f"workloads_checkpoint_url is set but profile {profile} runs no inference: not fetched")
     gpu = overlay in GPU_OVERLAYS
@@ -144,7 +152,7 @@ def site_plan(settings: dict[str, Any]) -> dict[str, Any]:
     # Apps pinned to the same node share it; the others share the host's node.
     groups: dict[str, list[str]] = {}
     nodes: dict[str, dict[str, Any]] = {}
-    for app in ("download", "checkpoint", "client", "serve", "train"):
+    for app in ("download", "checkpoint", "client", "prometheus", "serve", "train"):
         if not apps[app]:
             continue
         node = _pinned_node(pinned[app], node_settings, facts, platform) if pinned.get(app) else default_node

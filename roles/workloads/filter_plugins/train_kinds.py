@@ -76,7 +76,8 @@ RESERVED_ENV = re.compile(r"^PET_")
 # Every field of the Job's spec and of its container the fold knows; anything else is refused by name, so that a
 # change to the manifests cannot be dropped silently.
 JOB_SPEC_FIELDS = {"template", "backoffLimit", "podFailurePolicy"}
-CONTAINER_FIELDS = {"name", "image", "imagePullPolicy", "command", "args", "env", "envFrom", "resources",
+# ports: the trainer's metrics port (k8s/base/job-train.yaml), carried with the pod template into each kind's pods.
+CONTAINER_FIELDS = {"name", "image", "imagePullPolicy", "command", "args", "env", "envFrom", "ports", "resources",
                     "securityContext", "volumeMounts"}  # fmt: skip
 GPU = quantities.GPU_RESOURCE
 NO_ISTIO = {"sidecar.istio.io/inject": "false"}

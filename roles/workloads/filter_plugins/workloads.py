@@ -36,6 +36,7 @@ _sizing = _sibling("sizing")
 _kinds = _sibling("kind_components")
 _storage = _sibling("storage_layer")
 _jobs = _sibling("jobs")
+_monitoring = _sibling("monitoring")
 
 GPU_SHARING = ("exclusive", "time-slicing")
 APPS = ("download", "train", "serve", "client")
@@ -45,7 +46,7 @@ CONFIG_MAPS = {app: f"dinops-{app}-config" for app in (*APPS, "checkpoint")} | {
 }
 # The ConfigMaps of the checkpoint component: new in the layer, not merged into the base's.
 LAYER_CONFIG_MAPS = ("checkpoint-urls", "checkpoint")
-IMAGES = ("dinops-download", "dinops-train", "dinops-serve", "dinops-client")
+IMAGES = ("dinops-download", "dinops-train", "dinops-serve", "dinops-client", "dinops-prometheus")
 TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
 # Where the inference Deployment mounts the output volume (k8s/base/deployment-serve.yaml).
@@ -61,6 +62,7 @@ APP_OBJECTS = {
     "serve": ("apps/v1", "Deployment", "dinops-serve", "serve"),
     "client": ("apps/v1", "Deployment", "dinops-client", "client"),
     "checkpoint": ("batch/v1", "Job", _jobs.CHECKPOINT_JOB, "download"),
+    "prometheus": ("apps/v1", "Deployment", _monitoring.DEPLOYMENT, _monitoring.CONTAINER),
 }
 # What goes when an app is not run: the workload and the Service in front of it.
 APP_DELETIONS = {
@@ -128,6 +130,7 @@ def site_kustomization(settings: dict[str, Any]) -> dict[str, Any]:
     config ({app: {ENV: value}}), shm_size, storage_class (None keeps the overlay's), static_volumes, nfs
     ({server, paths, mount_options}: both volumes on an NFS export, see nfs_patches), s3 ({output, endpoint, serve,
     secret, region}: checkpoints and results in S3, see s3_config), ingress, client_public (login and TLS),
+    monitoring ({enabled, retention_time, retention_size, volume_size, dcgm_exporter_image}: see monitoring.py),
     gpu_sharing, train, checkpoint_url and checkpoint_sha256 (a checkpoint fetched into the output volume for
     inference), image_tag and image_registry (every image), images (per image, winning: {name: {name, tag}} or the
     images stage's {app: 'name:tag'}).
@@ -198,6 +201,9 @@ def site_kustomization(settings: dict[str, Any]) -> dict[str, Any]:
     components.extend(f"{root}/{c}" for c in _kinds.train_kind_components(settings, plan))
     if settings.get("inference_service"):
         components.append(f"{root}/{_kinds.inference_service_component(settings, plan)}")
+    # Prometheus and, on a GPU cluster, NVIDIA's DCGM exporter (workloads_monitoring; filter_plugins/monitoring.py).
+    monitoring = _monitoring.monitoring_layer(settings)
+    components.extend(f"{root}/{c}" for c in monitoring["components"])
     config = {app: dict(values or {}) for app, values in (settings.get("config") or {}).items()}
     s3 = settings.get("s3") or {}
     for app, values in _storage.s3_config(s3).items():
@@ -254,6 +260,7 @@ def site_kustomization(settings: dict[str, Any]) -> dict[str, Any]:
     # Requests sized from the node, so that everything that runs at the same time fits (site_plan).
     for app, resources in sorted(plan["resources"].items()):
         patches.append(_resources_patch(app, resources))
+    patches.extend(monitoring["patches"])
     patches.extend(placement.get("patches") or [])
     if nfs.get("server"):
         patches.extend(_storage.nfs_patches(nfs))
@@ -298,6 +305,7 @@ def site_kustomization(settings: dict[str, Any]) -> dict[str, Any]:
         kustomization["configMapGenerator"] = generators
     if patches:
         kustomization["patches"] = patches
+    images.extend(monitoring["images"])
     if images:
         kustomization["images"] = images
     return kustomization
