@@ -12,7 +12,8 @@ What is checked, in order, on one run of the whole stack:
 3. Training is killed mid-run (SIGKILL, as the OOM killer would) after a checkpoint: Docker's on-failure policy
    restarts it and it resumes from that checkpoint instead of starting over.
 4. While the resumed run trains (as a user would run it again), a second `make up` changes nothing (changed=0; the
-   training container neither recreated nor restarted).
+   training container neither recreated nor restarted). The deployment's Prometheus, on the host's loopback only,
+   scrapes the trainer and the API, sees the step counter advance and holds the alert rules, none firing.
 5. Still during training, the client made public at this machine's own address (dinops_publish_address,
    docs/security.md): only the client is recreated, published there alone, over TLS only (the generated certificate
    verified for that address), behind a login with the generated root-only password that no output shows; the
@@ -62,8 +63,10 @@ DATA = Path("/var/lib/dinops/volumes")
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = REPO / "artifacts"
 DEMO_NAMES = {"circle", "square", "triangle"}
-CONTAINERS = ("dinops-download", "dinops-train", "dinops-serve", "dinops-client")
+CONTAINERS = ("dinops-download", "dinops-train", "dinops-serve", "dinops-client", "dinops-prometheus")
 CLIENT = "http://127.0.0.1:30000"
+# Prometheus (k8s/components/monitoring, on by default): published on the host's loopback only, in every mode.
+PROMETHEUS = "http://127.0.0.1:9090"
 # What a newcomer's shell has that this test process has on top: the project's dev venv, make's and pytest's state.
 NOT_A_NEWCOMERS = ("VIRTUAL_ENV", "PYTHONPATH", "MAKEFLAGS", "MFLAGS", "MAKELEVEL", "DINOPS_TIMINGS")
 
@@ -281,6 +284,44 @@ def test_a_second_make_up_changes_nothing(demo):
     assert recap["changed"] == 0, changed
     after = _inspect("dinops-train")
     assert after["Id"] == train["Id"] and after["RestartCount"] == train["RestartCount"], after["State"]
+
+
+def _prometheus(path: str) -> dict:
+    with urllib.request.urlopen(PROMETHEUS + path, timeout=10) as answer:
+        return json.loads(answer.read())
+
+
+def test_prometheus_scrapes_the_training_run(demo):
+    """Still during training: the deployment's Prometheus (on 127.0.0.1:9090 only) scrapes the trainer and the API,
+    sees the step counter advance and holds the alert rules, none of them firing."""
+    assert _inspect("dinops-train")["State"]["Running"]
+    bindings = _inspect("dinops-prometheus")["NetworkSettings"]["Ports"]["9090/tcp"]
+    assert [(b["HostIp"], b["HostPort"]) for b in bindings] == [("127.0.0.1", "9090")], bindings
+
+    def scraped() -> dict:
+        try:
+            targets = _prometheus("/api/v1/targets?state=active")["data"]["activeTargets"]
+        except (OSError, ValueError, KeyError):
+            return {}
+        health = {t["labels"]["job"]: t["health"] for t in targets}
+        return health if health.get("dinops-train") == "up" and health.get("dinops-serve") == "up" else {}
+
+    health = _wait("Prometheus scraping the trainer and the API", scraped, timeout=120, every=3)
+    print(f"newcomer: Prometheus targets {health}")
+
+    def steps() -> list[float]:
+        query = urllib.parse.quote("max(dinops_train_steps_total)")
+        result = _prometheus(f"/api/v1/query?query={query}")["data"]["result"]
+        return [float(r["value"][1]) for r in result]
+
+    first = _wait("a scraped step counter", steps, timeout=60, every=3)[0]
+    later = _wait("the step counter advancing in Prometheus", lambda: (v := steps()) and v[0] > first and v,
+                  timeout=120, every=5)[0]  # fmt: skip
+    print(f"newcomer: Prometheus saw dinops_train_steps_total go from {first:.0f} to {later:.0f}")
+    rules = _prometheus("/api/v1/rules?type=alert")["data"]["groups"]
+    alerts = {r["name"]: r["state"] for g in rules for r in g["rules"]}
+    assert {"DinopsTrainingStalled", "DinopsDiskFilling"} <= set(alerts), alerts
+    assert "firing" not in alerts.values(), alerts
 
 
 def _host_address() -> str:

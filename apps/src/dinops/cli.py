@@ -13,7 +13,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "synth": ("dinops.data.synth:main", "write a deterministic synthetic COCO-format dataset"),
     "train": ("dinops.train.main:main", "train DINO (single process or under torchrun)"),
-    "data-ready": ("dinops.data.ready:main", "wait until the dataset's download completion marker is there"),
+    "data-ready": ("dinops.train.progress:data_ready", "wait until the dataset's download completion marker is there"),
     "cache": ("dinops.train.cache_command:main", "fill the local decoded-image cache of the train and val splits"),
     "eval": ("dinops.train.evaluate:main", "COCO bbox evaluation of a checkpoint"),
     "analyze": ("dinops.train.analyze:main", "plots and a summary from a training output directory"),

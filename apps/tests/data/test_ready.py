@@ -207,3 +207,26 @@ def test_the_real_gate_on_an_empty_bind_mount_says_so(tmp_path):
                             capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert result.returncode == 1, result.stderr
     assert f"{volume} is an empty mount point (" in result.stdout and f"directory {host_dir} of it" in result.stdout
+
+
+def test_each_waiting_line_goes_to_the_writer_with_the_output_folder(tmp_path, monkeypatch):
+    """The gate hands every waiting line's reason, empty volume included, to the writer it is given (training's
+    progress file, dinops.train.progress.data_ready); DINO_OUTPUT_DIR names the folder, the flag wins over it."""
+    volume = tmp_path / "data"
+    volume.mkdir()
+    _as_mount_point(tmp_path, monkeypatch, volume)
+    monkeypatch.setattr(ready, "SAY_EVERY_S", 0.1)
+    monkeypatch.setenv("DINO_OUTPUT_DIR", str(tmp_path / "from-env"))
+    told: list[tuple[Path, str]] = []
+    argv = ["--data-root", str(volume / "coco"), "--wait", "0.5", "--poll", "0.1"]
+    assert ready.main([*argv, "--output-dir", str(tmp_path / "out")], announce=lambda *a: told.append(a)) == 1
+    assert len(told) >= 2 and {folder for folder, _ in told} == {tmp_path / "out"}
+    why = told[0][1]
+    assert why.startswith(f"waiting for the dataset's download to complete: {volume / 'coco'}/.dinops-complete.json")
+    assert f"; {volume} is an empty mount point (ext4 /dev/vda" in why
+    told.clear()
+    assert ready.main(argv, announce=lambda *a: told.append(a)) == 1
+    assert {folder for folder, _ in told} == {tmp_path / "from-env"}
+    monkeypatch.delenv("DINO_OUTPUT_DIR")
+    told.clear()
+    assert ready.main(argv, announce=lambda *a: told.append(a)) == 1 and told == []  # no folder: nothing told

@@ -9,6 +9,14 @@ each waiting line says so, with the filesystem and the host directory it is: on 
 written yet, but a volume that held the dataset before and is empty now is the wrong one (the Docker runtime after
 a reboot: a container bound the host's directory before its NFS export was mounted there, docs/docker-runtime.md).
 
+While it waits, the training panel of the web client can say why: given the training run's output folder
+(``--output-dir``, ``DINO_OUTPUT_DIR``: the trainer's own setting and variable; empty, the default here, writes
+nothing) and a writer (``announce``, which `dinops data-ready` gets from :func:`dinops.train.progress.data_ready`:
+the data package stands below training and never imports it), each waiting line also goes to
+``OUTPUT_DIR/progress.json`` as state ``waiting_for_data`` with that line as its ``reason``. A folder that is not there
+(the output volume not mounted in this container) or cannot be written is said once on stderr and the wait goes on:
+the panel is a courtesy, the gate is not.
+
 Exit status: 0 the dataset is complete; 1 still no marker after --wait seconds; 2 a usage error, or a marker that
 exists but is broken (not JSON, or not complete=true); 143 stopped by SIGTERM.
 
@@ -21,6 +29,7 @@ import argparse
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -52,10 +61,25 @@ SETTINGS: tuple[Setting, ...] = (
         env="DINO_DATA_POLL_S",
         flag="--poll",
     ),
+    # The trainer's output folder, under the trainer's variable (dinops.train.settings output_dir), with no default:
+    # the gate writes into it only when told where it is.
+    Setting(
+        "output_dir",
+        "",
+        "the training run's output folder: while waiting, its progress.json says waiting_for_data and why (the web "
+        "client's training panel); empty: nothing written",
+        env="DINO_OUTPUT_DIR",
+        flag="--output-dir",
+    ),
 )
 # The settings this command reads besides the training ones; `dinops train` and `dinops eval` accept their variables
-# in their environment (the init container and the training container may share one ConfigMap).
-EXTRA_SETTINGS = SETTINGS[1:]
+# in their environment (the init container and the training container may share one ConfigMap). The output folder is
+# the trainer's own setting already.
+EXTRA_SETTINGS = SETTINGS[1:3]
+
+# What the gate tells the training run's output folder while it waits: (output folder, reason) -> None; raises
+# OSError when it cannot write there.
+Announce = Callable[[Path, str], object]
 
 
 class Terminated(Exception):
@@ -124,7 +148,32 @@ def empty_volume(root: Path) -> str | None:
     )
 
 
-def wait_for(root: Path, wait_s: float, poll_s: float) -> int:
+def reason(target: Path, empty: str | None) -> str:
+    """Why training has not started, for a person: the missing marker, and the empty volume when it is one."""
+    return f"waiting for the dataset's download to complete: {target} is not there yet" + (
+        f"; {empty}" if empty else ""
+    )
+
+
+def _teller(output_dir: str, announce: Announce | None) -> Callable[[str], None]:
+    """The waiting line to ``announce`` into ``output_dir``, if both are given; a failure is said once, never raised."""
+    failed: list[str] = []
+
+    def tell(why: str) -> None:
+        if not output_dir or announce is None or failed:
+            return
+        try:
+            announce(Path(output_dir), why)
+        except (OSError, ValueError) as exc:
+            failed.append(str(exc))
+            say(f"dinops data-ready: the training panel is not told why training waits ({exc}); waiting anyway",
+                err=True)  # fmt: skip
+
+    return tell
+
+
+def wait_for(root: Path, wait_s: float, poll_s: float, tell: Callable[[str], None] = lambda why: None) -> int:
+    """Wait for ``root``'s completion marker; ``tell`` gets each waiting line's reason (every SAY_EVERY_S)."""
     target = marker.path(root)
     started = time.monotonic()
     said = None
@@ -152,12 +201,14 @@ def wait_for(root: Path, wait_s: float, poll_s: float) -> int:
                 f"waiting for the dataset: {target} is not there yet (is the download Job running?)"
                 + (f"; {empty}" if empty else "")
             )
+            tell(reason(target, empty))
             said = now
         pause = poll_s if not wait_s else max(0.0, min(poll_s, wait_s - waited))
         time.sleep(pause)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, announce: Announce | None = None) -> int:
+    """`dinops data-ready`; ``announce`` writes the waiting state into the output folder (see the module's text)."""
     args = get_args_parser().parse_args(argv)
     try:
         resolve(args, SETTINGS)
@@ -169,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:  # not the main thread (an embedding test): no handler
         previous = None
     try:
-        return wait_for(Path(args.data_root), args.wait, args.poll)
+        return wait_for(Path(args.data_root), args.wait, args.poll, _teller(args.output_dir, announce))
     except Terminated:
         say("dinops data-ready: stopped (SIGTERM)", err=True)
         return 143

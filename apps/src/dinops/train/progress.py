@@ -16,17 +16,25 @@ Fields: ``state`` (``waiting_for_data``: datasets being read, first batches not 
 the run grows), ``evaluations`` (``[{"epoch", "global_step", "ap", "ap50", "ap75"}]``), ``checkpoint`` (the latest:
 ``path``, ``epochs_done``, ``global_step``, ``saved_at``), ``gpu`` (on CUDA: memory in bytes, and
 ``utilization_percent`` when ``pynvml`` is installed), ``started_at`` and ``updated_at`` (UTC, ISO 8601).
+
+Before the trainer starts, the dataset gate (`dinops data-ready`, the training Job's init container; on the Docker
+runtime a gate in front of the trainer in the same container) writes ``waiting_for_data`` with a ``reason`` here
+(:func:`waiting_for_data`, run by :func:`data_ready`), so that the training panel says why nothing moves instead of
+"not started"; the trainer then replaces or resumes the file as above.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from dinops.data import ready
 
 FILENAME = "progress.json"
 STATES = ("waiting_for_data", "training", "evaluating", "done", "stopped", "failed")
@@ -91,7 +99,9 @@ def read_document(path: Path) -> dict[str, Any] | None:
 
 
 def write_atomic(path: Path, document: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # Host name and PID: the data gates of several training nodes may write one shared progress.json (TrainJob and
+    # PyTorchJob on a shared volume), and their PIDs can be equal.
+    tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
     try:
         tmp.write_text(json.dumps(document, allow_nan=False))
         os.replace(tmp, path)
@@ -214,3 +224,31 @@ class ProgressFile:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(self.path, {k: v for k, v in self.doc.items() if v is not None or k == "checkpoint"})
         self.written_at = now
+
+
+def waiting_for_data(output_dir: str | os.PathLike, reason: str, *, clock: Callable[[], float] = time.time) -> Path:
+    """The dataset gate's word before training starts: state ``waiting_for_data`` and ``reason`` in
+    ``output_dir/progress.json``, written atomically (:func:`write_atomic`); returns the file's path.
+
+    A file of an earlier run (a pod retried after a restart, a resumed or finished run) keeps everything it holds, its
+    loss curve, evaluations, checkpoint and position: only ``state``, ``reason`` and ``updated_at`` change, and the
+    trainer, resuming, carries them on (:meth:`ProgressFile.resume`). Without one, the file a starting trainer writes,
+    with the reason. The folder is never created: a gate without the output volume mounted must not write into its
+    container's own filesystem. Raises OSError when the folder is not there or cannot be written."""
+    folder = Path(output_dir)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"the output folder {folder} is not there (is the output volume mounted here?)")
+    path = folder / FILENAME
+    previous = read_document(path)
+    if previous is not None and previous.get("state") in STATES:
+        write_atomic(path, previous | {"state": "waiting_for_data", "reason": reason, "updated_at": utc(clock())})
+    else:
+        ProgressFile(folder, clock=clock).set_state("waiting_for_data", reason)
+    return path
+
+
+def data_ready(argv: list[str] | None = None) -> int:
+    """`dinops data-ready` that tells the training panel why it waits: the data package's gate
+    (:func:`dinops.data.ready.main`) with :func:`waiting_for_data` as its writer. The data package stands below
+    training and never imports it, so training hands the writer down."""
+    return ready.main(argv, announce=waiting_for_data)

@@ -180,7 +180,10 @@
   const MESSAGES = {
     not_started: () =>
       "No training run has started yet. Its progress appears here as soon as `dinops train` begins writing to the output folder.",
-    waiting_for_data: () => "Training is starting: reading the dataset and waiting for the first batches…",
+    waiting_for_data: (t) =>
+      t.reason
+        ? `Training has not started: ${t.reason}.`
+        : "Training is starting: reading the dataset and waiting for the first batches…",
     training: (t) => `Training: epoch ${t.epoch + 1} of ${t.epochs}.`,
     evaluating: (t) => `Evaluating the model after epoch ${t.epoch + 1} of ${t.epochs}…`,
     done: (t) => `Training finished: ${t.global_step} steps in ${t.epochs} epochs.`,
