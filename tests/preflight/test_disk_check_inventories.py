@@ -74,11 +74,11 @@ CHECKS = """
 """
 
 
-def run_checks(tmp_path, inventory, gpus, free_gb, fact=True):
+def run_checks(tmp_path, inventory, gpus, free_gb, fact=True, extra=None):
     """The role's checks; {host: "task: message" of the failed check, or None when all passed}. ``fact``: the host
     has preflight's fact file from an earlier run (ansible_local.dinops with these GPUs), as after the GPU VM's
-    reboot; without it inventories/local plans the CPU demo."""
-    extra = {"test_gpus": gpus, "test_free_bytes": int(free_gb * GB)}
+    reboot; without it inventories/local plans the CPU demo. ``extra``: more extra variables, as with -e."""
+    extra = {**(extra or {}), "test_gpus": gpus, "test_free_bytes": int(free_gb * GB)}
     if fact:
         extra["ansible_local"] = {"dinops": {"gpu_count": len(gpus)}}
     (tmp_path / "vars.json").write_text(json.dumps(extra))
@@ -94,33 +94,55 @@ def run_checks(tmp_path, inventory, gpus, free_gb, fact=True):
 
 def test_a_gpu_vm_with_30_gb_free_stops_before_the_run_fills_it(tmp_path):
     """The g5.xlarge of the audit on a 30 GB root disk, on the run after the driver's reboot (the fact file says one
-    GPU): the check counts what the GPU path stores (minikube, COCO) before the images and the dataset."""
+    GPU): the check counts what the GPU path stores (minikube, COCO, Prometheus' 10Gi claim) before the images and the
+    dataset: 73 GB (COCO 41, the images twice 12.8, Prometheus 10.7, the wheelhouse twice 6, minikube 2.5)."""
     (failure,) = run_checks(tmp_path, REPO / "inventories/local", [A10G], 30).values()
     assert (failure or "").startswith("preflight : checks | Assert enough free disk under the Docker data root")
-    assert "this host's run stores about 62.1 GB there at its peak" in failure
+    assert "this host's run stores about 73 GB there at its peak" in failure
     assert "COCO 2017 while it is extracted" in failure
+    assert "Prometheus' time series (its claim dinops-prometheus-data, 10Gi by default) 10.7 GB" in failure
 
 
 def test_the_first_run_before_the_fact_plans_the_demo_and_stops_at_the_reboot_anyway(tmp_path):
-    """Without the fact file inventories/local plans the CPU demo (12.4 GB); that run stores only the driver before
+    """Without the fact file inventories/local plans the CPU demo (14.6 GB); that run stores only the driver before
     REBOOT REQUIRED, and the next one is checked against the GPU plan (above)."""
     assert run_checks(tmp_path, REPO / "inventories/local", [A10G], 30, fact=False) == {"localhost": None}
 
 
 def test_a_gpu_vm_with_room_for_the_run_passes(tmp_path):
-    assert run_checks(tmp_path, REPO / "inventories/local", [A10G], 70) == {"localhost": None}
+    """80 GB free hold the 73 GB above."""
+    assert run_checks(tmp_path, REPO / "inventories/local", [A10G], 80) == {"localhost": None}
+
+
+def test_the_inventorys_prometheus_settings_reach_the_estimate(tmp_path):
+    """workloads_prometheus_volume_size from the inventory sizes the claim (50Gi: 53.7 GB, 73 - 10.7 + 53.7 = 116 GB);
+    workloads_monitoring false leaves it out (62.3 GB); a size that is not a quantity stops the run with its name."""
+    bigger = run_checks(
+        tmp_path, REPO / "inventories/local", [A10G], 80, extra={"workloads_prometheus_volume_size": "50Gi"}
+    )
+    assert "this host's run stores about 116 GB there at its peak" in bigger["localhost"]
+    assert "workloads_prometheus_volume_size 50Gi) 53.7 GB" in bigger["localhost"]
+    assert run_checks(tmp_path, REPO / "inventories/local", [A10G], 63, extra={"workloads_monitoring": False}) == {
+        "localhost": None
+    }
+    wrong = run_checks(
+        tmp_path, REPO / "inventories/local", [A10G], 80, extra={"workloads_prometheus_volume_size": "big"}
+    )
+    assert "workloads_prometheus_volume_size) must be a Kubernetes quantity like 10Gi" in wrong["localhost"]
 
 
 def test_the_cpu_demo_passes_with_less_than_the_old_20_gb(tmp_path):
-    """A host without GPU runs the demo on the Docker runtime with synthetic data: 12.4 GB, not COCO's."""
+    """A host without GPU runs the demo on the Docker runtime with synthetic data: 14.6 GB (the images 6.4, the
+    wheelhouse twice 6, Prometheus' 2Gi claim 2.1, the shapes 0.1), not COCO's."""
     assert run_checks(tmp_path, REPO / "inventories/local", [], 15) == {"localhost": None}
 
 
 def test_the_example_fleet_asks_only_the_training_host_for_coco(tmp_path):
-    """rtx3060ti lists inference and client only (15.1 GB); rtx3090 downloads COCO (56.1 GB)."""
+    """rtx3060ti lists inference and client only (26 GB: the images twice 12.8, minikube 2.5, Prometheus 10.7);
+    rtx3090 downloads COCO (67 GB: 41 more)."""
     outcome = run_checks(tmp_path, REPO / "inventories/example", [A10G], 40)
     assert outcome["infer-1"] is None
-    assert "this host's run stores about 56.1 GB there at its peak" in outcome["train-1"]
+    assert "this host's run stores about 67 GB there at its peak" in outcome["train-1"]
 
 
 # --- The role's inputs ------------------------------------------------------------------------------------------
@@ -147,8 +169,14 @@ RESOLVE = """
     ("inventory", "expected"),
     [
         # No GPU facts: the local inventory's own choice, before the checks resolve it with the GPUs found.
-        ("local", {"localhost": ("docker", "airgap", True, True)}),
-        ("example", {"infer-1": ("minikube", "pull", False, False), "train-1": ("minikube", "pull", False, False)}),
+        ("local", {"localhost": ("docker", "airgap", True, True, True, "")}),
+        (
+            "example",
+            {
+                "infer-1": ("minikube", "pull", False, False, True, ""),
+                "train-1": ("minikube", "pull", False, False, True, ""),
+            },
+        ),
     ],
 )
 def test_the_argument_spec_accepts_the_plan_each_inventory_resolves(tmp_path, inventory, expected):
@@ -161,7 +189,7 @@ def test_the_argument_spec_accepts_the_plan_each_inventory_resolves(tmp_path, in
     (debug,) = [task for task in tasks if task["task"]["name"] == "Print the plan"]
     resolved = {
         host: (value["msg"]["cluster"], value["msg"]["images_mode"], value["msg"]["controller_is_host"],
-               value["msg"]["demo"])
+               value["msg"]["demo"], value["msg"]["monitoring"], value["msg"]["prometheus_volume_size"])
         for host, value in debug["hosts"].items()
     }  # fmt: skip
     assert resolved == expected

@@ -14,7 +14,14 @@ says what this host's run stores, in the settings the later stages read (default
   the controller is this host;
 * the dataset, when this host fills the dataset volume (roles/workloads workloads_download: download in the profile's
   workloads, or training on a profile that trains) on a volume of its own: COCO at the peak of its extraction, or the
-  CPU demo's synthetic shapes.
+  CPU demo's synthetic shapes;
+* Prometheus' time series (roles/workloads workloads_monitoring, on by default), when this host runs the workloads
+  (any cluster but none, whatever the profile's workloads: the layer always holds Prometheus): its claim
+  dinops-prometheus-data in full, which its retention keeps it within (roles/workloads/filter_plugins/monitoring.py),
+  workloads_prometheus_volume_size when given, else the role's 10Gi or the CPU demo's 2Gi. The claim is on this
+  host's disk on every runtime: minikube's hostpath volumes inside its node, k3s's local-path storage (on whichever
+  node the scheduler picks, so every host of a k3s cluster counts it; the NFS data server holds only the dataset and
+  the outputs), the Docker runtime's host directories.
 
 Sizes are in GB of 10^9 bytes, as `docker images` and the documentation print them (preflight_disk_sizes_gb). The
 free space plus what earlier runs already stored there must hold the estimate; with ``min_free_gb`` above 0 the free
@@ -23,6 +30,7 @@ space alone must hold that number instead.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
@@ -31,9 +39,16 @@ CLUSTERS = ("minikube", "k3s", "docker", "none")
 # Where roles/images loads the images: "" follows the cluster (its images_load default).
 LOADS = ("", "minikube", "k3s", "tarball", "none")
 IMAGES_MODES = ("pull", "airgap")
-SIZES = ("images", "wheelhouse", "minikube_base", "coco", "demo")
+SIZES = ("images", "wheelhouse", "minikube_base", "coco", "demo", "prometheus", "prometheus_demo")
 PLAN_KEYS = ("cluster", "images_load", "images_mode", "controller_is_host", "workloads", "train", "demo",
-             "dataset_elsewhere")  # fmt: skip
+             "dataset_elsewhere", "monitoring", "prometheus_volume_size")  # fmt: skip
+# A Kubernetes quantity as roles/workloads accepts workloads_prometheus_volume_size (filter_plugins/quantities.py
+# QUANTITY, a subset of Kubernetes' grammar): a number with an optional binary or decimal suffix. The suffixes' values
+# in bytes are Kubernetes' (kubernetes/apimachinery pkg/api/resource/quantity.go, the Quantity grammar: binarySI
+# Ki Mi Gi Ti Pi Ei are powers of 2^10, decimalSI k M G T P E powers of 10^3; "1024 = 1Ki but 1000 = 1k").
+QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+QUANTITY_BYTES = {"": 1} | {suffix: 1024**power for power, suffix in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"), 1)}
+QUANTITY_BYTES |= {suffix: 1000**power for power, suffix in enumerate(("k", "M", "G", "T", "P", "E"), 1)}
 SECOND_IMAGE_COPY = {
     "minikube": "the minikube node's Docker",
     "k3s": "k3s's containerd",
@@ -75,6 +90,33 @@ def _sizes(sizes_gb: Any) -> dict[str, float]:
         return {key: float(sizes_gb[key]) for key in SIZES}
     except (TypeError, ValueError) as error:
         raise AnsibleFilterError(f"preflight_disk_sizes_gb: sizes are numbers of GB: {error}") from error
+
+
+def quantity_gb(text: Any) -> float:
+    """A Kubernetes quantity (10Gi, 50G, 512Mi) in GB of 10^9 bytes, to the nearest 0.1 as the sizes are given."""
+    match = QUANTITY.match(str(text if text is not None else "").strip())
+    if not match:
+        raise AnsibleFilterError(
+            "preflight_disk_plan.prometheus_volume_size (workloads_prometheus_volume_size) must be a Kubernetes "
+            f"quantity like 10Gi, or empty for the role's default, got {text!r}"
+        )
+    return round(float(match.group(1)) * QUANTITY_BYTES[match.group(2) or ""] / 10**9, 1)
+
+
+def prometheus(plan: dict[str, Any], sizes: dict[str, float]) -> dict[str, Any] | None:
+    """Prometheus' claim on this host, as roles/workloads sizes it, or None when this host runs no Prometheus."""
+    monitoring = _bool(plan["monitoring"], "monitoring")
+    # Checked whether or not it is counted, as roles/workloads checks it whenever it renders the layer.
+    given = str(plan["prometheus_volume_size"] if plan["prometheus_volume_size"] is not None else "").strip()
+    gb = quantity_gb(given) if given else None
+    if not monitoring or _choice(plan["cluster"], CLUSTERS, "preflight_disk_plan.cluster") == "none":
+        return None
+    what = "Prometheus' time series (its claim dinops-prometheus-data, "
+    if gb is not None:
+        return {"what": f"{what}workloads_prometheus_volume_size {given})", "gb": gb}
+    if _bool(plan["demo"], "demo"):
+        return {"what": f"{what}2Gi for the CPU demo)", "gb": sizes["prometheus_demo"]}
+    return {"what": f"{what}10Gi by default)", "gb": sizes["prometheus"]}
 
 
 def dataset(plan: dict[str, Any]) -> str:
@@ -131,10 +173,13 @@ def disk_items(plan: dict[str, Any], sizes_gb: dict[str, Any]) -> list[dict[str,
         )
     elif data == "demo":
         items.append({"what": "the CPU demo's synthetic dataset", "gb": sizes["demo"]})
+    claim = prometheus(plan, sizes)
+    if claim:
+        items.append(claim)
     return sorted(items, key=lambda item: -item["gb"])
 
 
-def _remedies(plan: dict[str, Any], short_gb: float) -> str:
+def _remedies(plan: dict[str, Any], sizes_gb: dict[str, Any], short_gb: float) -> str:
     ways = [
         f"Grow the disk by at least {_gb(short_gb)} GB, or put Docker's data root on a larger volume "
         "(docker_data_root; preflight measures it)"
@@ -146,6 +191,10 @@ def _remedies(plan: dict[str, Any], short_gb: float) -> str:
         )
     if plan["images_mode"] == "airgap":
         ways.append("images_mode: pull stores no wheelhouse")
+    if prometheus(plan, _sizes(sizes_gb)):
+        ways.append(
+            "a smaller workloads_prometheus_volume_size, or workloads_monitoring: false, stores less for Prometheus"
+        )
     return "; ".join(ways) + ". preflight_min_disk_free_gb replaces this estimate (e.g. with the dataset elsewhere)."
 
 
@@ -194,7 +243,7 @@ def disk_check(
             "together instead of failing cleanly."
         )
     if not enough:
-        message += " " + _remedies(plan, -(-short_bytes // 10**8) / 10)
+        message += " " + _remedies(plan, sizes_gb, -(-short_bytes // 10**8) / 10)
     return {
         "enough": enough,
         "needed_gb": needed,
