@@ -9,35 +9,18 @@ import time
 import pytest
 import requests
 
-from dinops.serve.testing import free_port, running, write_small_checkpoint
+from dinops.serve.testing import write_small_checkpoint
 from dinops.train.progress import write_atomic
 
-TOKEN = "training-test-token"
+from ..training_api import training as _training
+from ..training_api import waiting_server
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     out = tmp_path_factory.mktemp("train_output")
-    port = free_port()
-    env = {
-        "DINO_CHECKPOINT": str(out / "checkpoint.pth"),
-        "DINO_BIND": f"127.0.0.1:{port}",
-        "DINO_WAIT_FOR_MODEL": "true",
-        "DINO_MODEL_POLL_S": "0.2",
-        "DINO_API_TOKEN": TOKEN,
-        "DINO_MIN_SIZE": "64",
-        "DINO_MAX_SIZE": "96",
-    }
-    url = f"http://127.0.0.1:{port}"
-    with running("serve", env, url, out / "serve.log", ready="/healthz"):
+    with waiting_server(out, DINO_MIN_SIZE="64", DINO_MAX_SIZE="96") as url:
         yield url, out
-
-
-def _training(url: str) -> dict:
-    answer = requests.get(url + "/v1/training", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
-    assert answer.status_code == 200, answer.text
-    assert answer.headers["Content-Type"] == "application/json"
-    return answer.json()
 
 
 def test_needs_the_token(server):

@@ -14,16 +14,16 @@ import time
 from pathlib import Path
 
 import pytest
-import requests
 
 from dinops.client.app import clean_training
 from dinops.data import ready
 from dinops.download import marker
-from dinops.serve.testing import free_port, running
 from dinops.train import progress
 from dinops.train.settings import SETTINGS as TRAIN_SETTINGS
 
-TOKEN = "gate-test-token"
+from ..training_api import training as _training
+from ..training_api import waiting_server
+
 GATE = "import sys; from dinops.train.progress import data_ready; sys.exit(data_ready(sys.argv[1:]))"
 
 
@@ -50,23 +50,8 @@ def _until(condition, timeout: float = 30):
 def serve(tmp_path_factory):
     """A real `dinops serve` waiting for a checkpoint in ``out`` (the training output folder it reads progress from)."""
     out = tmp_path_factory.mktemp("output")
-    port = free_port()
-    env = {
-        "DINO_CHECKPOINT": str(out / "checkpoint.pth"),
-        "DINO_BIND": f"127.0.0.1:{port}",
-        "DINO_WAIT_FOR_MODEL": "true",
-        "DINO_MODEL_POLL_S": "0.2",
-        "DINO_API_TOKEN": TOKEN,
-    }
-    url = f"http://127.0.0.1:{port}"
-    with running("serve", env, url, out / "serve.log", ready="/healthz"):
+    with waiting_server(out) as url:
         yield url, out
-
-
-def _training(url: str) -> dict:
-    answer = requests.get(url + "/v1/training", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
-    assert answer.status_code == 200, answer.text
-    return answer.json()
 
 
 def test_the_gate_and_the_trainer_read_the_same_variable():
