@@ -402,6 +402,7 @@ def _container(obj: dict[str, Any], index: dict[str, Any], settings: dict[str, A
         if not selector or any(labels.get(k) != v for k, v in selector.items()):
             continue
         aliases.append(service["metadata"]["name"])
+        loopback = _loopback_port(service, settings)  # its Service has exactly one port
         for port in service["spec"].get("ports") or []:
             target = port.get("targetPort", port["port"])
             target = ports.get(target) if isinstance(target, str) else int(target)
@@ -409,10 +410,8 @@ def _container(obj: dict[str, Any], index: dict[str, Any], settings: dict[str, A
             if service["spec"].get("type") == "NodePort" and port.get("nodePort"):
                 host_port = int(settings.get("node_ports", {}).get(int(port["nodePort"]), port["nodePort"]))
                 published.append(f"{settings.get('publish_address') or LOOPBACK}:{host_port}:{target}")
-        loopback = _loopback_port(service, settings)
-        if loopback:
-            target = service["spec"]["ports"][0].get("targetPort", service["spec"]["ports"][0]["port"])
-            published.append(f"{LOOPBACK}:{loopback}:{ports.get(target) if isinstance(target, str) else int(target)}")
+            if loopback:
+                published.append(f"{LOOPBACK}:{loopback}:{target}")
     spec["networks"] = [{"name": settings["network"], "aliases": sorted(set(aliases) - {name})}]
     if published:
         spec["published_ports"] = published
