@@ -66,8 +66,9 @@ _BYTES_MI = {"B": 1 / 2**20, "KB": 1 / 1024, "MB": 1, "GB": 1024, "TB": 2**20, "
 
 def monitoring_settings(settings: dict[str, Any]) -> dict[str, Any]:
     """The checked monitoring settings of a layer: {enabled, retention_time, retention_size (Prometheus' form, e.g.
-    8192MB), volume_size (a Kubernetes quantity)}. ``settings["monitoring"]``: {enabled (default true),
-    retention_time, retention_size, volume_size}, empty values sized from the profile (``settings["demo"]``)."""
+    8192MB), volume_size (a Kubernetes quantity), dcgm_image (kustomize's images: entry for
+    workloads_dcgm_exporter_image, or None)}. ``settings["monitoring"]``: {enabled (default true), retention_time,
+    retention_size, volume_size, dcgm_exporter_image}, empty values sized from the profile (``settings["demo"]``)."""
     raw = settings.get("monitoring")
     raw = {} if raw is None else raw
     _require(isinstance(raw, dict), f"the monitoring settings must be a dict, got {raw!r}")
@@ -106,6 +107,7 @@ def monitoring_settings(settings: dict[str, Any]) -> dict[str, Any]:
         "but are never deleted for it, so the volume would fill; lower it or grow the volume",
     )
     dcgm_image = str(raw.get("dcgm_exporter_image") or "").strip()
+    dcgm_entry = None
     if dcgm_image:
         repository, _, tag = dcgm_image.rpartition(":")
         _require(
@@ -113,8 +115,9 @@ def monitoring_settings(settings: dict[str, Any]) -> dict[str, Any]:
             f"workloads_dcgm_exporter_image must be 'repository:tag' (a mirror's copy of {DCGM_IMAGE}), got "
             f"{dcgm_image!r}",
         )
+        dcgm_entry = {"name": DCGM_IMAGE, "newName": repository, "newTag": tag}
     return {"enabled": enabled, "retention_time": retention_time, "retention_size": retention_size,
-            "volume_size": volume, "dcgm_exporter_image": dcgm_image}  # fmt: skip
+            "volume_size": volume, "dcgm_image": dcgm_entry}  # fmt: skip
 
 
 def args(monitoring: dict[str, Any]) -> list[str]:
@@ -137,10 +140,7 @@ def monitoring_layer(settings: dict[str, Any]) -> dict[str, list]:
         return {"components": [], "patches": [], "images": []}
     dcgm = DCGM_COMPONENTS.get(settings["overlay"], [])
     components = [COMPONENT, *dcgm]
-    images = []
-    if dcgm and monitoring["dcgm_exporter_image"]:
-        repository, _, tag = monitoring["dcgm_exporter_image"].rpartition(":")
-        images.append({"name": DCGM_IMAGE, "newName": repository, "newTag": tag})
+    images = [monitoring["dcgm_image"]] if dcgm and monitoring["dcgm_image"] else []
     container = {"name": CONTAINER, "args": args(monitoring)}
     deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": DEPLOYMENT},
                   "spec": {"template": {"spec": {"containers": [container]}}}}  # fmt: skip
