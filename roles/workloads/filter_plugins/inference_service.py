@@ -38,7 +38,8 @@ PROTOCOL must be v1 or v2), and a web client that still calls dinops-serve.
 
 from __future__ import annotations
 
-import copy
+import importlib.util
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -89,6 +90,20 @@ REFUSED_ENV = {
 PROTOCOLS = ("v1", "v2")
 
 
+def _load(stem: str) -> Any:
+    """A sibling filter file, read by path as Ansible loads each plugin file on its own."""
+    spec = importlib.util.spec_from_file_location(
+        f"dinops_{stem}_for_inference_service", Path(__file__).with_name(f"{stem}.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# The copy of the objects, as plain data (rendered.py says why not copy.deepcopy).
+rendered = _load("rendered")
+
+
 class InferenceServiceError(ValueError):
     """The InferenceService cannot be folded from these objects; the message says which setting or file."""
 
@@ -108,7 +123,7 @@ def inference_service(objects: list[dict[str, Any]], enabled: bool) -> list[dict
     """The objects to apply: with ``enabled`` the InferenceService ``dinops`` in place of the Deployment and the
     Service dinops-serve (see the module's docstring); without, the objects as they are."""
     _require(isinstance(enabled, bool), f"{SETTING} must be true or false, got {enabled!r}")
-    objects = [copy.deepcopy(obj) for obj in objects if obj]
+    objects = rendered.plain([obj for obj in objects if obj])
     inference_services = [obj for obj in objects if _is(obj, *ISVC_KIND, ISVC_NAME)]
     if not enabled:
         _require(

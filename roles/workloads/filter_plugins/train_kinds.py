@@ -58,6 +58,8 @@ jobs = _load("jobs")
 kind_components = _load("kind_components")
 # The waits' reading of a failed Job, TrainJob or PyTorchJob (dinops_failed_jobs).
 rollout = _load("rollout")
+# The copy of the objects, as plain data (rendered.py says why not copy.deepcopy).
+rendered = _load("rendered")
 
 TRAIN_JOB = "dinops-train"
 RUNTIME = "dinops-train-runtime"
@@ -555,7 +557,7 @@ def train_kinds(objects: list[dict[str, Any]], settings: dict[str, Any]) -> list
     kind = str(settings.get("kind") or "job")
     _require(kind in KIND_CONTAINERS, f"workloads_train_kind must be one of job, trainjob, pytorchjob, got {kind!r}")
     hpo = bool((settings.get("hpo") or {}).get("enabled"))
-    objects = copy.deepcopy([o for o in objects if o])
+    objects = rendered.plain([o for o in objects if o])
     job = _find(objects, "Job", TRAIN_JOB)
     skeletons = [
         o
