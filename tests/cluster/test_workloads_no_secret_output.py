@@ -150,6 +150,14 @@ def test_kubernetes_planning_prints_no_secret(tmp_path):
     assert {"name": "client-auth", "secret": {"secretName": "dinops-client-auth", "defaultMode": 0o440}} in volumes
 
 
+def _runtime_containers(docker: str) -> list[str]:
+    """The names of the containers of the Docker runtime on this machine (the label the role puts on each)."""
+    return subprocess.run(
+        [docker, "ps", "-a", "--filter", "label=dinops.io/runtime=docker", "--format", "{{.Names}}"],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+
+
 @pytest.fixture
 def docker_converge(tmp_path):
     """The Docker runtime converged with secrets; the containers and the network it made are removed after."""
@@ -157,10 +165,7 @@ def docker_converge(tmp_path):
     if docker is None or subprocess.run([docker, "info"], capture_output=True, check=False).returncode != 0:
         pytest.fail("this test needs a running Docker daemon (docker info failed)")
     # The role removes dinops containers of the Docker runtime that the plan does not run: never someone else's.
-    others = subprocess.run(
-        [docker, "ps", "-a", "--filter", "label=dinops.io/runtime=docker", "--format", "{{.Names}}"],
-        capture_output=True, text=True, check=True,
-    ).stdout.split()  # fmt: skip
+    others = _runtime_containers(docker)
     if others:
         pytest.fail(f"containers of the Docker runtime exist already ({others}); this test would replace them")
     network = f"dinops-secret-test-{os.getpid()}"
@@ -194,10 +199,16 @@ def docker_converge(tmp_path):
                 "workloads_rollout_timeout": 0,
             },
         )
-        inspect = subprocess.run([docker, "inspect", *CONTAINERS], capture_output=True, text=True, check=False)
+        made = _runtime_containers(docker)
+        assert set(CONTAINERS) <= set(made), f"the play made {made}, not {CONTAINERS}"
+        inspect = subprocess.run([docker, "inspect", *made], capture_output=True, text=True, check=False)
         yield tmp_path, result, inspect
     finally:
-        subprocess.run([docker, "rm", "-f", "-v", *CONTAINERS], capture_output=True, check=False)
+        # Every container the runtime made (Prometheus too: workloads_monitoring is on by default), none other
+        # existed before (checked above).
+        made = _runtime_containers(docker)
+        if made:
+            subprocess.run([docker, "rm", "-f", "-v", *made], capture_output=True, check=False)
         subprocess.run([docker, "network", "rm", network], capture_output=True, check=False)
 
 
@@ -214,7 +225,8 @@ def test_docker_runtime_prints_and_exposes_no_secret(docker_converge):
     # not printed, but there; the credentials are not.
     assert _leaks(inspect.stdout, NOT_IN_CONTAINERS) == [], "secret values in docker inspect"
     assert _leaks(_files_outside_secrets(tmp), NOT_IN_CONTAINERS) == [], "secret values in the layer or fact files"
-    download, client = json.loads(inspect.stdout)
+    containers = {c["Name"].lstrip("/"): c for c in json.loads(inspect.stdout)}
+    download, client = containers["dinops-download"], containers["dinops-client"]
     env = dict(item.split("=", 1) for item in download["Config"]["Env"])
     assert env.get("AWS_SHARED_CREDENTIALS_FILE") == "/run/secrets/dinops-s3/credentials"
     mounts = {m["Destination"]: m for m in download["Mounts"]}
