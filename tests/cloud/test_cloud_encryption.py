@@ -44,38 +44,50 @@ def launched(moto, variables: dict, deployment: str, tmp_path) -> Iterator[None]
         assert deployment_instances(moto, deployment) == []
 
 
-@pytest.mark.parametrize("key", [None, KEY])
-def test_root_and_data_volumes_are_encrypted(moto, public_key, tmp_path, key):
-    deployment = "encrypted-kms" if key else "encrypted"
-    variables = {
-        **base_vars(moto, public_key, deployment),
-        "cloud_machines_list": [{"name": "infer", "profile": "t4", "data_volume_gb": 20}],
-    }
-    if key:
-        variables["cloud_aws_kms_key_id"] = key
-    with launched(moto, variables, deployment, tmp_path):
-        volumes = volumes_of(moto, deployment)
-        assert sorted(volumes) == ["infer-data", "infer-root"]
-        for name, volume in volumes.items():
-            assert volume["Encrypted"] is True, name
-            if key:
-                assert volume["KmsKeyId"] == key, name
+# Two deployments cover each setting on and off: the defaults (the account's key, no instance role), and a KMS key
+# with an instance role. They are launched once for the module (a cloud_up and a cloud_down each take most of a
+# minute against moto) and checked by each test.
+PROFILE = "dinops-s3"
+VARIANTS = {
+    "encrypted": {},
+    "encrypted-kms-role": {"cloud_aws_kms_key_id": KEY, "cloud_aws_instance_profile": PROFILE},
+}
 
 
-@pytest.mark.parametrize("profile", ["", "dinops-s3"])
-def test_imdsv2_reaches_the_docker_runtimes_containers_only_with_an_instance_role(moto, public_key, tmp_path, profile):
+@pytest.fixture(scope="module")
+def deployments(moto, public_key, tmp_path_factory) -> Iterator[dict[str, dict]]:
+    """Each variant's deployment up, as ``{deployment: its extra variables}``; both torn down at the end."""
+    moto.client("iam").create_instance_profile(InstanceProfileName=PROFILE)
+    with contextlib.ExitStack() as stack:
+        for deployment, extra in VARIANTS.items():
+            variables = {
+                **base_vars(moto, public_key, deployment),
+                "cloud_machines_list": [{"name": "infer", "profile": "t4", "data_volume_gb": 20}],
+                **extra,
+            }
+            stack.enter_context(launched(moto, variables, deployment, tmp_path_factory.mktemp(deployment)))
+        yield VARIANTS
+
+
+@pytest.mark.parametrize("deployment", sorted(VARIANTS))
+def test_root_and_data_volumes_are_encrypted(moto, deployments, deployment):
+    key = deployments[deployment].get("cloud_aws_kms_key_id")
+    volumes = volumes_of(moto, deployment)
+    assert sorted(volumes) == ["infer-data", "infer-root"]
+    for name, volume in volumes.items():
+        assert volume["Encrypted"] is True, name
+        if key:
+            assert volume["KmsKeyId"] == key, name
+        else:  # the account's default key (moto's stands in for it), not the one the other deployment names
+            assert volume.get("KmsKeyId") != KEY, name
+
+
+@pytest.mark.parametrize("deployment", sorted(VARIANTS))
+def test_imdsv2_reaches_the_docker_runtimes_containers_only_with_an_instance_role(moto, deployments, deployment):
     """round2-data-runtime-security finding 23: containers on the Docker bridge are a hop further than the host, so
     with an instance role the token's hop limit is 2 (IMDSv2 still required); without one it stays 1."""
-    deployment = f"imds-{profile or 'none'}"
-    variables = {
-        **base_vars(moto, public_key, deployment),
-        "cloud_machines_list": [{"name": "infer", "profile": "t4", "data_volume_gb": 20}],
-    }
-    if profile:
-        moto.client("iam").create_instance_profile(InstanceProfileName=profile)
-        variables["cloud_aws_instance_profile"] = profile
-    with launched(moto, variables, deployment, tmp_path):
-        (instance,) = deployment_instances(moto, deployment)
-        options = instance["MetadataOptions"]
-        assert options["HttpTokens"] == "required"
-        assert options["HttpPutResponseHopLimit"] == (2 if profile else 1)
+    role = deployments[deployment].get("cloud_aws_instance_profile")
+    (instance,) = deployment_instances(moto, deployment)
+    options = instance["MetadataOptions"]
+    assert options["HttpTokens"] == "required"
+    assert options["HttpPutResponseHopLimit"] == (2 if role else 1)

@@ -32,13 +32,15 @@ ALL_VARIANTS = {
 
 
 @pytest.fixture(scope="module")
-def layers(tmp_path_factory) -> dict[str, list[dict]]:
+def layers(tmp_path_factory, rendered_sites) -> dict[str, list[dict]]:
     root = tmp_path_factory.mktemp("docker-layers")
     out = {}
     for name, settings in ALL_VARIANTS.items():
+        # The site variants as the session rendered them (conftest.py), the Docker ones here.
+        site = render_site(root, name, settings) if name in DOCKER_VARIANTS else rendered_sites[name]
         # NVIDIA's DCGM exporter is a cluster's DaemonSet, which a layer of the Docker runtime never holds
         # (filter_plugins/monitoring.py DCGM_COMPONENTS): the cluster layers translated here leave it out.
-        objects = [o for o in render_site(root, name, settings) if o["kind"] != "DaemonSet"]
+        objects = [o for o in site if o["kind"] != "DaemonSet"]
         plan = SIZING.site_plan(settings)
         out[name] = JOBS.prepare_objects(objects, plan["apps"]["train"], plan["apps"]["download"])
     return out
