@@ -51,18 +51,19 @@ def scalars(value):
 
 
 def assert_plain(value) -> None:
-    """Builtin containers and scalars only, none of them tagged."""
+    """Builtin containers and scalars only (keys included), none of them tagged: one walk of the value."""
     if isinstance(value, dict):
         assert type(value) is dict, type(value)
-        for item in value.values():
+        for key, item in value.items():
+            assert_plain(key)
             assert_plain(item)
-    elif isinstance(value, list):
-        assert type(value) is list, type(value)
+    elif isinstance(value, list | tuple):
+        assert type(value) in (list, tuple), type(value)
         for item in value:
             assert_plain(item)
-    for scalar in scalars(value):
-        assert type(scalar) in (str, int, float, bool, type(None)), (type(scalar), scalar)
-        assert not AnsibleTagHelper.tags(scalar), (scalar, AnsibleTagHelper.tags(scalar))
+    else:
+        assert type(value) in (str, int, float, bool, type(None)), (type(value), value)
+        assert not AnsibleTagHelper.tags(value), (value, AnsibleTagHelper.tags(value))
 
 
 def test_from_yaml_all_tags_every_scalar():
