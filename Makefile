@@ -107,8 +107,9 @@ bench: $(VENV)/.dev ## Benchmarks that print figures (model vs official, precisi
 
 # Runs with the machine's own torch and Triton (no venv, nothing compiled): our package from the tree; the official
 # checkout, when given by DINO_OFFICIAL_SRC, for the ratio to its CUDA op. Under 8 minutes on one H100 or H200.
+# GPU_BENCH_ARGS passes options (--out FILE, --budget-s S, ...).
 gpu-bench: ## Fused vs pure deformable attention on this machine's GPU: training, inference, kernel (docs/model.md)
-	PYTHONPATH=$(CURDIR)/apps/src$${PYTHONPATH:+:$$PYTHONPATH} python3 apps/bench/gpu_bench.py
+	PYTHONPATH=$(CURDIR)/apps/src$${PYTHONPATH:+:$$PYTHONPATH} python3 apps/bench/gpu_bench.py $(GPU_BENCH_ARGS)
 
 clean: ## Remove caches (keeps the venv)
 	rm -rf .cache .pytest_cache .ruff_cache artifacts

@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import types
 from pathlib import Path
 
 import torch
 
-_CONFIG = Path(__file__).resolve().parents[2].parent / "shared" / "dino" / "official_4scale_r50_config.json"
+_SHARED = Path(os.environ.get("DINOPS_SHARED_DIR", Path(__file__).resolve().parents[2].parent / "shared"))
+_CONFIG = _SHARED / "dino" / "official_4scale_r50_config.json"  # $DINOPS_SHARED_DIR, as the tests read it
 
 
 def _stand_ins() -> None:
@@ -50,10 +52,10 @@ def build_official(src: str | Path, config: dict) -> torch.nn.Module:
 
 
 def official_config(num_feature_levels: int = 4) -> dict:
-    """The official 4-scale (or 5-scale) R50 args from ../shared/dino, on the CPU."""
+    """The official 4-scale (or 5-scale) R50 args from ``$DINOPS_SHARED_DIR/dino`` (../shared/dino), on the CPU."""
     path = _CONFIG if num_feature_levels == 4 else _CONFIG.with_name("official_5scale_r50_config.json")
     if not path.is_file():
-        raise SystemExit(f"{path} is missing: the official configuration comes from ../shared/dino")
+        raise SystemExit(f"{path} is missing: the official configuration comes from ../shared/dino (DINOPS_SHARED_DIR)")
     config = json.loads(path.read_text())
     config["device"] = "cpu"
     return config

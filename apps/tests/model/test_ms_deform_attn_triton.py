@@ -92,7 +92,7 @@ def _check_against_pure(shapes, inputs, dtype=torch.float32):
 CASES = {
     # odd level shapes, a level one pixel wide, channels not a power of two (masked lanes), some points off the map
     "odd levels": ([(7, 5), (3, 1), (2, 3)], {"batch": 1, "channels": 6, "points": 3}),
-    # more queries than one program's block (64) with a partial last block; one image, one head
+    # more queries than one program's block (BLOCK_Q, 32) with a partial last block; one image, one head
     "many queries": ([(4, 6), (2, 3)], {"batch": 1, "queries": 150, "heads": 1}),
     # several images with different values at the same locations (the image offset of every gather)
     "batch of images": ([(5, 4), (3, 2)], {"batch": 3, "heads": 1}),
