@@ -47,7 +47,13 @@ def _run(criterion, max_steps=0, stop_after=None, model=None):
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     args = SimpleNamespace(
-        accum_steps=1, amp="none", clip_max_norm=0.0, print_freq=0, max_steps=max_steps, checkpoint_steps=0
+        accum_steps=1,
+        amp="none",
+        clip_max_norm=0.0,
+        print_freq=0,
+        max_steps=max_steps,
+        checkpoint_steps=0,
+        channels_last=True,  # a GPU setting: contiguous on this CPU
     )
     saved = []
     state = StepState()

@@ -21,6 +21,7 @@ import torch
 from dinops.train import dist
 from dinops.train.coco_eval import to_coco_detections
 from dinops.train.metric_logger import MetricLogger, SmoothedValue
+from dinops.train.model_setup import memory_format
 
 log = logging.getLogger("dinops.train")
 
@@ -127,6 +128,7 @@ def train_one_epoch(
     weights = criterion.weight_dict
     header = f"Epoch: [{state.epoch}]"
     batches = iter(loader)
+    layout = memory_format(args, device)
     for _ in metrics.log_every(
         range(state.step, steps_per_epoch), steps_per_epoch, args.print_freq, header, start=state.step
     ):
@@ -137,7 +139,8 @@ def train_one_epoch(
         scales = box_count_scales(local_boxes, device)
         step_values: dict[str, float] = {}
         for micro, (images, mask, targets) in enumerate(window):
-            images, mask = images.to(device, non_blocking=True), mask.to(device, non_blocking=True)
+            images = images.to(device, non_blocking=True, memory_format=layout)
+            mask = mask.to(device, non_blocking=True)
             targets = _to_device(targets, device)
             last = micro == len(window) - 1
             sync = contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()

@@ -62,7 +62,7 @@ from dinops.train import checkpoints, dist
 from dinops.train.coco_eval import STAT_NAMES, evaluate
 from dinops.train.engine import Hooks, StepState, StepTiming, predict, train_one_epoch
 from dinops.train.logs import TensorBoard, append_log_txt, metric_line, setup_logging, teardown_logging
-from dinops.train.model_setup import lr_factor, model_config, param_groups
+from dinops.train.model_setup import lr_factor, memory_format, model_config, param_groups
 from dinops.train.monitor import Monitor
 from dinops.train.s3_output import EXIT_S3_UNREACHABLE, S3Output, S3Unreachable
 from dinops.train.settings import ENV_PREFIX, MODEL_ENV, SETTINGS
@@ -276,7 +276,7 @@ def _train(args: argparse.Namespace, monitor: Monitor) -> int:
     cfg = model_config(args, num_classes, max(train_set.dn_labelbook_size, num_classes))
     args.model_cfg = cfg.to_dict()
     args.num_select = args.num_select or cfg.num_select
-    model = build_dino(cfg).to(device)
+    model = build_dino(cfg).to(device, memory_format=memory_format(args, device))
     criterion = build_criterion(cfg).to(device)
     if args.pretrained:
         load_checkpoint(model, args.pretrained, num_classes=num_classes)

@@ -57,6 +57,7 @@ SETTINGS: tuple[Setting, ...] = (
     _s("warmup_steps", 0, "linear learning-rate warm-up over this many optimizer steps", int),
     _s("amp", "none", "mixed precision on GPU", choices=("none", "bf16", "fp16")),
     _s("tf32", True, "allow TF32 matrix multiplies on Ampere and newer GPUs", bool),
+    _s("channels_last", True, "convolutions in channels-last memory layout (GPU only)", bool),
     _s("seed", 42, "random seed", int),
     _s("deterministic", False, "deterministic algorithms (bitwise-reproducible resume on CPU; slower)", bool),
     _s("device", "auto", "device", choices=("auto", "cpu", "cuda")),
