@@ -14,16 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
-from pathlib import Path
 
 import torch
+from official_dino import SHARED_DINO  # same directory: ../shared/dino or $DINOPS_SHARED_DIR/dino
 
 from dinops.model import DINOConfig, build_dino, postprocess
 from dinops.model.inference import cpu_bfloat16_supported, optimize_for_inference
-
-SHARED = Path(os.environ.get("DINOPS_SHARED_DIR", Path(__file__).resolve().parents[2].parent / "shared")) / "dino"
 
 
 def _max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -38,7 +35,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    small = SHARED / "small"
+    small = SHARED_DINO / "small"
     if not (small / "state_dict.pt").is_file():
         raise SystemExit(f"the official reference data is missing at {small} (set DINOPS_SHARED_DIR)")
     torch.set_num_threads(args.threads)

@@ -21,8 +21,9 @@ from pathlib import Path
 
 import torch
 
-_SHARED = Path(os.environ.get("DINOPS_SHARED_DIR", Path(__file__).resolve().parents[2].parent / "shared"))
-_CONFIG = _SHARED / "dino" / "official_4scale_r50_config.json"  # $DINOPS_SHARED_DIR, as the tests read it
+# ../shared/dino beside the checkout, or $DINOPS_SHARED_DIR/dino as the tests read it (bench_precision.py too)
+SHARED_DINO = Path(os.environ.get("DINOPS_SHARED_DIR", Path(__file__).resolve().parents[2].parent / "shared")) / "dino"
+_CONFIG = SHARED_DINO / "official_4scale_r50_config.json"
 
 
 def _stand_ins() -> None:

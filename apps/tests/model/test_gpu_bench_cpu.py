@@ -101,14 +101,12 @@ def test_each_training_variant_gets_its_ratio_to_the_official_step(monkeypatch):
     assert official_ratios({"skipped": "nvcc not found"}, ours) == {}
 
 
-def test_the_official_sources_are_respelled_for_current_pytorch_only_where_they_must(tmp_path):
+def test_the_official_sources_are_respelled_for_current_pytorch_only_where_they_must(tmp_path, monkeypatch):
     """The official op's two calls that current PyTorch refuses (DeprecatedTypeProperties into the dispatch macro;
     `.type().is_cuda()`) are respelled in a copy; the checkout is untouched, nothing else changes."""
-    import importlib.util
+    monkeypatch.syspath_prepend(str(BENCH.parent))
+    import official_ops
 
-    spec = importlib.util.spec_from_file_location("official_ops", BENCH.parent / "official_ops.py")
-    official_ops = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(official_ops)
     src = tmp_path / "DINO" / "models" / "dino" / "ops" / "src"
     (src / "cuda").mkdir(parents=True)
     cuda = (
