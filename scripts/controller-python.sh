@@ -10,8 +10,9 @@
 #   2. python3.13, python3.12, python3.11, python3 on PATH;
 #   3. CPython 3.11 managed by uv (https://docs.astral.sh/uv/guides/install-python/), installed when missing: the
 #      host's python3 (uv's wheel needs >= 3.8) installs the pinned uv from PyPI into .cache/controller-uv, and
-#      `uv python install` downloads python-build-standalone's CPython, checks it against the SHA-256 built into
-#      that uv release and keeps it in uv's Python directory (~/.local/share/uv/python; UV_PYTHON_INSTALL_DIR).
+#      `uv python install` downloads python-build-standalone's CPython (from releases.astral.sh, else github.com),
+#      checks it against the SHA-256 built into that uv release and keeps it in uv's Python directory
+#      (~/.local/share/uv/python; UV_PYTHON_INSTALL_DIR).
 #      3.11 is the Python that `make test` runs the pinned apps/constraints.txt on (Debian 12).
 # Where those downloads are out of reach, UV_PYTHON_INSTALL_MIRROR names a copy of the python-build-standalone
 # releases, https:// or file:// holding <release>/<file> (https://docs.astral.sh/uv/reference/environment/).
