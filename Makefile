@@ -16,7 +16,7 @@ MOLECULE_SCENARIOS ?=
 PYTEST_ARGS ?=
 
 .PHONY: verify help up test setup setup-controller venv venv-controller collections docker molecule-image \
-	lint molecule pytest images browser gpu-rehearsal newcomer bench gpu-bench syntax clean
+	lint molecule pytest images browser cpu-rehearsal gpu-rehearsal newcomer bench gpu-bench syntax clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -83,7 +83,7 @@ molecule: $(VENV)/.dev ## Every Molecule scenario: converge, idempotence (change
 # started server) are made once, and the tests pick free ports and their own temporary directories.
 PYTEST_WORKERS ?= $(shell nproc)
 pytest: $(VENV)/.dev ## Python tests: the apps, the Ansible plugins, inventories and manifests (PYTEST_WORKERS at a time)
-	python -m pytest -m "not browser and not images and not newcomer and not rehearsal" --numprocesses=$(PYTEST_WORKERS) --dist=loadfile \
+	python -m pytest -m "not browser and not images and not newcomer and not rehearsal and not cpu_rehearsal" --numprocesses=$(PYTEST_WORKERS) --dist=loadfile \
 	  --no-loadscope-reorder --durations=25 \
 	  $(PYTEST_ARGS)
 
@@ -92,6 +92,9 @@ images: $(VENV)/.dev docker ## Build every container image (air-gapped mode) and
 
 browser: $(VENV)/.dev ## The web client in a real headless Chromium
 	scripts/pytest-stage.sh -m browser $(PYTEST_ARGS)
+
+cpu-rehearsal: $(VENV)/.dev docker molecule-image ## make up from a fresh clone on a Debian 12 systemd VM look-alike, as its sudoer, to the first detection
+	scripts/pytest-stage.sh -m cpu_rehearsal -s $(PYTEST_ARGS)
 
 gpu-rehearsal: $(VENV)/.dev docker molecule-image ## make up twice on a GPU-VM look-alike container (driver, reboot, toolkit, Docker, cluster)
 	scripts/pytest-stage.sh -m rehearsal -s $(PYTEST_ARGS)

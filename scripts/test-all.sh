@@ -3,8 +3,9 @@
 #   set-up first (everything the others need); then two lanes side by side that take the stages from one queue in
 #   its order, each lane its next stage when its last one ends: molecule (the longest, mostly waiting on apt, dpkg
 #   and containers) on one, lint then python-tests (mostly CPU) on the other, and whichever lane is free first takes
-#   images, gpu-rehearsal and browser. A fixed split of those three left one lane idle for minutes whenever a stage
-#   took longer or shorter than the run before. The newcomer stage last and alone, since it stops this machine's
+#   images, gpu-rehearsal, cpu-rehearsal and browser (cpu-rehearsal needs the images: it waits for the images
+#   stage's build under one lock, tests/images/imagetools.py). A fixed split of the last ones left one lane idle
+#   for minutes whenever a stage took longer or shorter than the run before. The newcomer stage last and alone, since it stops this machine's
 #   Docker daemon.
 # While the lanes run, each stage writes to artifacts/stages/<stage>.log; the logs are printed whole, in queue
 # order, once both lanes are done (a failed stage's log last, so that its end is what a reader sees first).
@@ -12,7 +13,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 logs=artifacts/stages
-queue=(molecule:molecule lint:lint python-tests:pytest images:images gpu-rehearsal:gpu-rehearsal browser:browser)
+queue=(molecule:molecule lint:lint python-tests:pytest images:images gpu-rehearsal:gpu-rehearsal
+  cpu-rehearsal:cpu-rehearsal browser:browser)
 failed=()
 
 stage() { # stage NAME TARGET: run one make target as a stage, its output on stdout

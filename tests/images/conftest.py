@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from images.imagetools import APP_UID, REPO, Docker, load_build
+from images.imagetools import APP_UID, REPO, Docker, build_every_image, load_build
 
 
 @pytest.fixture(scope="session")
@@ -47,12 +47,7 @@ def images(docker, build) -> dict[str, str]:
     logs = REPO / "build" / "image-logs"
     start = time.monotonic()
     try:
-        build.ensure_base(build.AIRGAP_BASE, airgap=True)
-        build.ensure_wheelhouse(wheelhouse)
-        steps = build.plan(build.AIRGAP_BASE)
-        timings = build.build(steps, wheelhouse, logs)
-        # What earlier builds left (older hash tags, superseded stages) would fill the disk run after run.
-        pruned = build.prune(steps)
+        steps, timings, pruned = build_every_image(build, wheelhouse, logs)
     except (build.BuildError, subprocess.CalledProcessError) as exc:
         pytest.fail(f"image build failed: {exc}")
     record = {"total_s": round(time.monotonic() - start, 1), "images": timings, "pruned": pruned}

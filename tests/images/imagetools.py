@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import json
 import subprocess
@@ -10,12 +11,17 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "apps" / "images" / "build.py"
 APP_UID = 10001
+# Held while images are built: the images stage and the CPU-host rehearsal both build what is missing and may run
+# side by side in `make test`'s two lanes; the second one waits, then finds every content-hash tag.
+BUILD_LOCK = REPO / "build" / ".images.lock"
 
 
 def load_build() -> ModuleType:
@@ -25,6 +31,27 @@ def load_build() -> ModuleType:
     sys.modules[spec.name] = module  # dataclasses look their module up while the class is created
     spec.loader.exec_module(module)
     return module
+
+
+@contextmanager
+def build_lock() -> Iterator[None]:
+    BUILD_LOCK.parent.mkdir(exist_ok=True)
+    with BUILD_LOCK.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def build_every_image(build: ModuleType, wheelhouse: Path, logs: Path) -> tuple[list, dict, list[str]]:
+    """Every image in air-gapped mode (Debian base, wheelhouse over loopback) unless its content-hash tag exists,
+    then what earlier builds left pruned; returns the plan's steps, the build times and what was pruned."""
+    with build_lock():
+        build.ensure_base(build.AIRGAP_BASE, airgap=True)
+        build.ensure_wheelhouse(wheelhouse)
+        steps = build.plan(build.AIRGAP_BASE)
+        timings = build.build(steps, wheelhouse, logs)
+        # What earlier builds left (older hash tags, superseded stages) would fill the disk run after run.
+        pruned = build.prune(steps)
+    return steps, timings, pruned
 
 
 class Docker:

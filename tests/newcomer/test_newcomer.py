@@ -51,6 +51,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from newcomer.first_detection import first_correct_detection
 
 from dinops_testing import working_tree_files
 
@@ -165,41 +166,6 @@ def _stop_docker() -> None:
     assert subprocess.run(["docker", "info"], capture_output=True).returncode != 0
 
 
-def _annotations() -> dict[str, list[tuple[str, list[float]]]]:
-    coco = json.loads((DATA / "dinops-dataset/coco/annotations/instances_val2017.json").read_text())
-    names = {c["id"]: c["name"] for c in coco["categories"]}
-    files = {i["id"]: i["file_name"] for i in coco["images"]}
-    boxes: dict[str, list[tuple[str, list[float]]]] = {}
-    for a in coco["annotations"]:
-        x, y, w, h = a["bbox"]
-        boxes.setdefault(files[a["image_id"]], []).append((names[a["category_id"]], [x, y, x + w, y + h]))
-    return boxes
-
-
-def _iou(a: list[float], b: list[float]) -> float:
-    w = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
-    h = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
-    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - w * h
-    return w * h / union if union > 0 else 0.0
-
-
-def _correct_detection(image: Path, truth: list[tuple[str, list[float]]], threshold: float = 0.3) -> dict:
-    """The client's API on one image: a detection above the client's default threshold whose name and box
-    (IoU >= 0.5) match an annotated shape, or {} (no model yet, or nothing right yet)."""
-    request = urllib.request.Request(f"{CLIENT}/api/detect", data=image.read_bytes(),
-                                     headers={"Content-Type": "image/jpeg"}, method="POST")  # fmt: skip
-    try:
-        with urllib.request.urlopen(request, timeout=60) as answer:
-            body = json.load(answer)
-    except (OSError, ValueError):
-        return {}
-    for found in body.get("detections", []):
-        for name, box in truth:
-            if found["score"] >= threshold and found["name"] == name and _iou(found["box"], box) >= 0.5:
-                return found
-    return {}
-
-
 @pytest.fixture(scope="module")
 def demo():
     began = time.monotonic()
@@ -212,10 +178,7 @@ def demo():
     print(f"\nnewcomer: git clone {cloned - began:.0f} s, then make up from nothing: {seconds:.0f} s")
     assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
     assert _recap(done.stdout)["failed"] == 0
-    truth = _annotations()
-    images = sorted((DATA / "dinops-dataset/coco/val2017").glob("*.jpg"))[:8]
-    found = _wait("a correct detection through the web client",
-                  lambda: next(filter(None, (_correct_detection(i, truth[i.name]) for i in images)), None),
+    found = _wait("a correct detection through the web client", lambda: first_correct_detection(DATA, CLIENT),
                   timeout=1800, every=5)  # fmt: skip
     first = time.monotonic() - began
     print(f"newcomer: git clone to the first correct detection: {first:.0f} s ({found})")

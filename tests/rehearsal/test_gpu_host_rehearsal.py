@@ -39,34 +39,24 @@ the times are printed.
 
 from __future__ import annotations
 
-import io
 import json
-import os
-import re
 import subprocess
 import sys
-import tarfile
 import time
 from pathlib import Path
 
 import pytest
+from rehearsal.instance import Instance, failures, recap, tar_of
 from rehearsal.toolkit_repo import VERSION as TOOLKIT_VERSION
 from rehearsal.toolkit_repo import build_toolkit_repo
-
-from dinops_testing import working_tree_files
 
 pytestmark = pytest.mark.rehearsal
 
 REPO = Path(__file__).resolve().parents[2]
 FILES = Path(__file__).resolve().parent / "files"
-ARTIFACTS = REPO / "artifacts"
-IMAGE = os.environ.get("MOLECULE_IMAGE", "dinops-molecule:debian12")
-NAME = "dinops-rehearsal"
+VM = Instance("dinops-rehearsal", hostname="gpu-vm")
 USER = "ubuntu"
 CLONE = f"/home/{USER}/dinops"
-CAPABILITIES = ("SYS_ADMIN", "NET_ADMIN", "NET_RAW", "SYS_PTRACE", "SYS_MODULE", "MKNOD", "SETFCAP", "AUDIT_WRITE",
-                "SYS_CHROOT", "DAC_READ_SEARCH", "IPC_LOCK")  # fmt: skip
-HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 DRIVER = ["nvidia-headless-no-dkms-580-server-open", "nvidia-utils-580-server", "libnvidia-compute-580-server",
           "linux-modules-nvidia-580-server-open-generic"]  # fmt: skip
 TOOLKIT = ["libnvidia-container1", "libnvidia-container-tools", "nvidia-container-toolkit-base",
@@ -85,43 +75,17 @@ json.dump(cached, open(path, "w"))
 """
 
 
-def _vm(script: str, *, data: bytes | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    """A bash script run as root in the instance."""
-    done = subprocess.run(["docker", "exec", "-i", NAME, "bash", "-euo", "pipefail", "-c", script], input=data,
-                          capture_output=True, timeout=300, check=False)  # fmt: skip
-    if check and done.returncode != 0:
-        pytest.fail(f"in {NAME}: {script}\n{done.stdout.decode()[-2000:]}{done.stderr.decode()[-2000:]}")
-    return done
-
-
-def _out(script: str) -> str:
-    return _vm(script).stdout.decode()
-
-
-def _start() -> None:
-    flags = [f"--cap-add={cap}" for cap in CAPABILITIES]
-    flags += ["--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined", "--cgroupns", "host",
-              "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw", "--tmpfs", "/run", "--tmpfs", "/run/lock", "--tmpfs", "/tmp",
-              "--stop-signal", "SIGRTMIN+3", "--hostname", "gpu-vm"]  # fmt: skip
-    subprocess.run(["docker", "run", "-d", "--name", NAME, *flags, IMAGE, "/lib/systemd/systemd"], check=True,
-                   capture_output=True)  # fmt: skip
-    # systemd's bus first, then `--wait` until the boot is over ("degraded" exits 1).
-    booted = "for i in $(seq 100); do [ -S /run/systemd/private ] && break; sleep 0.2; done"
-    state = _vm(f"{booted}; systemctl is-system-running --wait || true").stdout.decode().split()
-    assert state and state[-1] in ("running", "degraded"), f"systemd in {NAME}: {state}"
-
-
 def _ubuntu_noble(work: Path) -> None:
     """Ubuntu 24.04 as molecule/nvidia_driver_ubuntu/prepare.yml makes it, Debian's sources kept; the generic kernel
     metapackage and make installed as on a VM, then the package lists emptied again."""
-    installed = _out("dpkg-query -W -f '${db:Status-Status} ${Package}\\n' | sed -n 's/^installed //p'")
+    installed = VM.out("dpkg-query -W -f '${db:Status-Status} ${Package}\\n' | sed -n 's/^installed //p'")
     tarball = work / "ubuntu-noble.tar.gz"
     scenario = REPO / "molecule" / "nvidia_driver_ubuntu" / "files"
     subprocess.run([sys.executable, str(scenario / "ubuntu_archive.py"), str(tarball), "--release", "noble",
                     "--overlay", str(scenario / "overlay")], input=installed, text=True, check=True,
                    capture_output=True)  # fmt: skip
-    _vm("tar -xzf - -C /", data=tarball.read_bytes())
-    _vm(
+    VM.run("tar -xzf - -C /", data=tarball.read_bytes())
+    VM.run(
         "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -qq -y --no-install-recommends"
         " linux-image-generic make >/dev/null && rm -rf /var/lib/apt/lists/* && touch /boot/vmlinuz-$(uname -r)"
     )
@@ -130,103 +94,35 @@ def _ubuntu_noble(work: Path) -> None:
 def _nvidia_repository(work: Path) -> None:
     """The signed stand-in for NVIDIA's repository, served on 127.0.0.1:8765 inside the instance."""
     repo = build_toolkit_repo(work / "nvidia")
-    _vm("mkdir -p /srv/nvidia-repo && tar -xf - -C /srv/nvidia-repo", data=_tar(repo, sorted(repo.rglob("*"))))
-    _vm(
+    VM.run("mkdir -p /srv/nvidia-repo && tar -xf - -C /srv/nvidia-repo", data=tar_of(repo, sorted(repo.rglob("*"))))
+    VM.run(
         "systemd-run --unit=dinops-nvidia-repo --property=Restart=always"
         " python3 -m http.server 8765 --bind 127.0.0.1 --directory /srv/nvidia-repo"
     )
     probe = "python3 -c 'import urllib.request as u; u.urlopen(\"http://127.0.0.1:8765/gpgkey\", timeout=2)'"
-    _vm(f"for i in $(seq 50); do {probe} 2>/dev/null && exit 0; sleep 0.2; done; exit 1")
-
-
-def _tar(root: Path, paths: list[Path]) -> bytes:
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w") as tar:
-        for path in paths:
-            info = tar.gettarinfo(str(path), arcname=str(path.relative_to(root)))
-            info.uid = info.gid = 0
-            info.uname = info.gname = "root"
-            if not info.isfile():
-                tar.addfile(info)
-                continue
-            with path.open("rb") as data:
-                tar.addfile(info, data)
-    return raw.getvalue()
-
-
-def _pip_trusts_the_proxy() -> None:
-    """The machine's own setting, not the user's: pip trusts the CA of this network's TLS-intercepting proxy."""
-    _vm(
-        "cat > /usr/local/share/dinops-proxy-ca.crt && printf '[global]\\ncert = %s\\n' "
-        "/usr/local/share/dinops-proxy-ca.crt > /etc/pip.conf",
-        data=HOST_CA.read_bytes(),
-    )
-
-
-def _cloud_user() -> None:
-    """The default user of Ubuntu's cloud images: in the sudo group, NOPASSWD by cloud-init's sudoers.d file."""
-    _vm(
-        f"useradd --create-home --shell /bin/bash --groups sudo {USER} && chmod 0750 /home/{USER}"
-        f" && echo '{USER} ALL=(ALL) NOPASSWD:ALL' > /etc/sudoers.d/90-cloud-init-users"
-        " && chmod 0440 /etc/sudoers.d/90-cloud-init-users"
-    )
+    VM.run(f"for i in $(seq 50); do {probe} 2>/dev/null && exit 0; sleep 0.2; done; exit 1")
 
 
 def _clone() -> None:
-    """The working tree as `git clone` plus the uncommitted changes gives it (no .venv, .cache or artifacts), with
-    the rehearsal site's host_vars, owned by the user who cloned it."""
-    files = [REPO / name for name in working_tree_files()]
-    _vm(f"mkdir -p {CLONE} && tar -xf - -C {CLONE}", data=_tar(REPO, files))
-    host_vars = FILES / "host_vars" / "localhost.yml"
-    _vm(
-        f"mkdir -p {CLONE}/inventories/local/host_vars && cat > {CLONE}/inventories/local/host_vars/localhost.yml"
-        f" && chown -R {USER}: {CLONE}",
-        data=host_vars.read_bytes(),
-    )
-    assert _vm(f"test -e {CLONE}/.venv", check=False).returncode != 0
+    """The working tree as `git clone` plus the uncommitted changes gives it, with the rehearsal site's host_vars,
+    owned by the user who cloned it."""
+    host_vars = (FILES / "host_vars" / "localhost.yml").read_bytes()
+    VM.clone(USER, CLONE, {"inventories/local/host_vars/localhost.yml": host_vars})
 
 
 def _install(name: str, path: str) -> None:
-    _vm(f"install -m 0755 /dev/stdin {path}", data=(FILES / name).read_bytes())
+    VM.run(f"install -m 0755 /dev/stdin {path}", data=(FILES / name).read_bytes())
 
 
 def _make_up(n: int) -> dict:
-    began = time.monotonic()
-    # As `ubuntu` logs in: a login shell (its PATH, HOME and umask), in the clone.
-    done = subprocess.run(["docker", "exec", "-u", USER, "-w", CLONE, NAME, "bash", "-lc", "make up"],
-                          capture_output=True, text=True, timeout=480, check=False)  # fmt: skip
-    TIMES[f"make up #{n}"] = time.monotonic() - began
-    output = done.stdout + done.stderr
-    ARTIFACTS.mkdir(exist_ok=True)
-    (ARTIFACTS / f"rehearsal-make-up-{n}.log").write_text(output)
-    print(f"\nrehearsal: make up #{n}: exit {done.returncode} in {TIMES[f'make up #{n}']:.0f} s")
-    return {"rc": done.returncode, "output": output, "tasks": _tasks(done.stdout)}
-
-
-def _tasks(output: str) -> list[tuple[str, str, dict]]:
-    """("role : task", status, result) for each result line of the default callback; the result (its JSON) only for
-    failures."""
-    found, task = [], ""
-    for line in output.splitlines():
-        if header := re.match(r"^(?:TASK|RUNNING HANDLER) \[(.*)\] \*+$", line):
-            task = header.group(1)
-        elif status := re.match(r"^(ok|changed|fatal|failed): \[localhost\](?:.*?FAILED! => (\{.*\}))?", line):
-            found.append((task, status.group(1), json.loads(status.group(2)) if status.group(2) else {}))
-    return found
-
-
-def _recap(output: str) -> dict[str, int]:
-    match = re.search(r"localhost\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", output)
-    assert match, output[-3000:]
-    return dict(zip(("ok", "changed", "unreachable", "failed"), map(int, match.groups()), strict=True))
-
-
-def _failures(run: dict) -> list[tuple[str, dict]]:
-    return [(task, result) for task, status, result in run["tasks"] if status in ("fatal", "failed")]
+    run = VM.make_up(USER, CLONE, f"rehearsal-make-up-{n}.log", timeout=480)
+    TIMES[f"make up #{n}"] = run["seconds"]
+    print(f"\nrehearsal: make up #{n}: exit {run['rc']} in {run['seconds']:.0f} s")
+    return run
 
 
 def _versions(packages: list[str]) -> dict[str, str]:
-    out = _out(f"dpkg-query -W -f '${{Package}} ${{Version}} ${{db:Status-Want}}\\n' {' '.join(packages)}")
+    out = VM.out(f"dpkg-query -W -f '${{Package}} ${{Version}} ${{db:Status-Want}}\\n' {' '.join(packages)}")
     return {line.split()[0]: " ".join(line.split()[1:]) for line in out.splitlines()}
 
 
@@ -235,21 +131,21 @@ def host(tmp_path_factory):
     began = time.monotonic()
     image = subprocess.run([str(REPO / "scripts" / "molecule-image.sh")], capture_output=True, text=True, check=False)
     assert image.returncode == 0, f"scripts/molecule-image.sh (make molecule-image):\n{image.stdout}{image.stderr}"
-    subprocess.run(["docker", "rm", "-f", NAME], capture_output=True, check=False)
     try:
-        _start()
+        VM.start()
         work = tmp_path_factory.mktemp("rehearsal")
         _ubuntu_noble(work)
         _install("lspci", "/usr/local/bin/lspci")
         _nvidia_repository(work)
-        _pip_trusts_the_proxy()
-        _cloud_user()
+        VM.pip_trusts_the_proxy()
+        # Ubuntu 24.04's HOME_MODE in /etc/login.defs: 0750.
+        VM.cloud_user(USER, "0750")
         _clone()
         TIMES["instance"] = time.monotonic() - began
         print(f"\nrehearsal: instance ready in {TIMES['instance']:.0f} s")
-        yield {"kernel": _out("uname -r").strip()}
+        yield {"kernel": VM.out("uname -r").strip()}
     finally:
-        subprocess.run(["docker", "rm", "-f", NAME], capture_output=True, check=False)
+        VM.remove()
         print("\nrehearsal: " + ", ".join(f"{step} {seconds:.0f} s" for step, seconds in TIMES.items()))
 
 
@@ -261,11 +157,11 @@ def first_run(host):
 @pytest.fixture(scope="module")
 def second_run(host, first_run):
     """The reboot into the installed driver, then `make up` again."""
-    version = _out("dpkg-query -W -f '${Version}' nvidia-kernel-common-580-server").split("-")[0]
+    version = VM.out("dpkg-query -W -f '${Version}' nvidia-kernel-common-580-server").split("-")[0]
     banner = (f"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {version}  Release Build  "
               "(buildd@lcy02-amd64-080)  Thu Oct 30 10:21:37 UTC 2025\n"
               "GCC version:  gcc version 13.3.0 (Ubuntu 13.3.0-6ubuntu2~24.04)\n")  # fmt: skip
-    _vm(
+    VM.run(
         "mount -t tmpfs -o size=64k,mode=0555 nvidia /proc/driver && mkdir /proc/driver/nvidia"
         " && cat > /proc/driver/nvidia/version",
         data=banner.encode(),
@@ -273,7 +169,7 @@ def second_run(host, first_run):
     _install("nvidia-smi", "/usr/local/bin/nvidia-smi")
     # The facts the first run cached (ansible.cfg: gathering smart, a jsonfile cache) name the kernel of before the
     # reboot, as on a VM whose driver install brought a newer kernel: the second run must not believe them.
-    _vm(f"cd {CLONE}/.cache/ansible-facts && python3 -", data=STALE_KERNEL.encode())
+    VM.run(f"cd {CLONE}/.cache/ansible-facts && python3 -", data=STALE_KERNEL.encode())
     return {**_make_up(2), "driver": version}
 
 
@@ -283,7 +179,7 @@ def _statuses(run: dict) -> dict[str, str]:
 
 def test_preflight_finds_the_a10g_on_the_pci_bus(first_run):
     """Through the stand-in lspci (ahead of /usr/bin on sudo's secure_path): the container's real bus has no GPU."""
-    fact = json.loads(_out("/etc/ansible/facts.d/dinops.fact"))
+    fact = json.loads(VM.out("/etc/ansible/facts.d/dinops.fact"))
     assert (fact["os"]["id"], fact["os"]["version"], fact["mode"], fact["gpu_count"]) == ("ubuntu", "24.04", "gpu", 1)
     gpu = fact["gpus"][0]
     assert (gpu["pci_id"], gpu["pci_slot"], gpu["name"], gpu["architecture"], gpu["datacenter"]) == (
@@ -306,11 +202,11 @@ def test_first_make_up_installs_driver_580_and_stops_with_reboot_required(host, 
         "it goes on from here."
     )
     assert first_run["rc"] != 0
-    assert _failures(first_run) == [
+    assert failures(first_run) == [
         ("nvidia_driver : reboot | Stop and tell the user to reboot (local connection or nvidia_driver_reboot false; "
          "GPU hosts only)", {"changed": False, "msg": message})
     ], first_run["output"][-4000:]  # fmt: skip
-    assert _recap(first_run["output"])["failed"] == 1
+    assert recap(first_run["output"])["failed"] == 1
 
 
 def test_second_make_up_finds_the_driver_loaded_and_changes_nothing_of_it(second_run):
@@ -328,27 +224,27 @@ def test_the_toolkit_comes_from_the_signed_repository_through_deb822(second_run)
     statuses = _statuses(second_run)
     deb822 = "nvidia_container_toolkit : repo | Add NVIDIA's libnvidia-container repository with its signing key"
     assert statuses[deb822] == "changed"
-    assert _out("cat /etc/apt/sources.list.d/nvidia-container-toolkit.sources") == (
+    assert VM.out("cat /etc/apt/sources.list.d/nvidia-container-toolkit.sources") == (
         "X-Repolib-Name: nvidia-container-toolkit\nSigned-By: /etc/apt/keyrings/nvidia-container-toolkit.asc\n"
         "Suites: /\nTypes: deb\nURIs: http://127.0.0.1:8765/stable/deb/amd64\n"
     )
-    assert _out("cat /etc/apt/keyrings/nvidia-container-toolkit.asc") == _out("cat /srv/nvidia-repo/gpgkey")
+    assert VM.out("cat /etc/apt/keyrings/nvidia-container-toolkit.asc") == VM.out("cat /srv/nvidia-repo/gpgkey")
     assert _versions(TOOLKIT) == {name: f"{TOOLKIT_VERSION} hold" for name in TOOLKIT}
     # The GPU-only steps ran for the loaded driver (the stand-in nvidia-ctk reads its banner as the real one its NVML).
     libcuda = f"hostPath: /usr/lib/x86_64-linux-gnu/libcuda.so.{second_run['driver']}\n"
-    assert libcuda in _out("cat /etc/cdi/nvidia.yaml")
-    assert "195:0 /dev/nvidia0" in _out("find /dev/char -maxdepth 1 -lname '*nvidia*' -printf '%f %l\\n'")
+    assert libcuda in VM.out("cat /etc/cdi/nvidia.yaml")
+    assert "195:0 /dev/nvidia0" in VM.out("find /dev/char -maxdepth 1 -lname '*nvidia*' -printf '%f %l\\n'")
 
 
 def test_docker_runs_with_the_nvidia_runtime_merged_into_daemon_json(second_run):
-    assert json.loads(_out("cat /etc/docker/daemon.json")) == {
+    assert json.loads(VM.out("cat /etc/docker/daemon.json")) == {
         "runtimes": {"nvidia": {"path": "/usr/bin/nvidia-container-runtime", "runtimeArgs": []}},
         "default-runtime": "nvidia",
         "default-shm-size": "1G",
         "log-opts": {"max-size": "100m", "max-file": "3"},
     }
-    assert _out("systemctl is-active docker").strip() == "active"
-    info = json.loads(_out("docker info --format '{{json .}}'"))
+    assert VM.out("systemctl is-active docker").strip() == "active"
+    info = json.loads(VM.out("docker info --format '{{json .}}'"))
     assert info["DefaultRuntime"] == "nvidia" and "nvidia" in info["Runtimes"], info["Runtimes"]
     assert _versions(["docker.io"])["docker.io"].endswith(" hold")
 
@@ -362,18 +258,18 @@ def test_second_make_up_stops_at_the_minikube_download(second_run):
     download = "minikube : install | Download minikube, verifying its checksum"
     missing = "/srv/dinops-mirror/minikube/v1.37.0/minikube-linux-amd64.sha256"
     assert second_run["rc"] != 0
-    assert _failures(second_run) == [
+    assert failures(second_run) == [
         (download, {"changed": False, "dest": "/usr/local/bin/minikube", "elapsed": 0, "url": f"file://{missing}",
                     "msg": f"Request failed: <urlopen error [Errno 2] No such file or directory: '{missing}'>"})
     ]  # fmt: skip
     assert second_run["tasks"][-1][0] == download
-    assert _recap(second_run["output"])["failed"] == 1
+    assert recap(second_run["output"])["failed"] == 1
 
 
 def test_make_up_runs_as_the_cloud_user_and_leaves_the_clone_to_it(second_run):
     """F13: the user's own files stay the user's (the controller venv, the fact cache, the logs), so that `git pull`
     and the next `make up` work without sudo; what needs root was done through `become`."""
-    foreign = _out(f"find {CLONE} -not -user {USER} -printf '%u %p\\n' | head -n 20")
+    foreign = VM.out(f"find {CLONE} -not -user {USER} -printf '%u %p\\n' | head -n 20")
     assert not foreign, f"files in the clone not owned by {USER}:\n{foreign}"
-    assert _out(f"stat -c %U {CLONE}/.venv/bin/python").strip() == USER
-    assert _out("stat -c %U /etc/docker/daemon.json").strip() == "root"
+    assert VM.out(f"stat -c %U {CLONE}/.venv/bin/python").strip() == USER
+    assert VM.out("stat -c %U /etc/docker/daemon.json").strip() == "root"
