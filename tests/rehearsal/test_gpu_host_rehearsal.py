@@ -1,16 +1,19 @@
-"""The GPU-host rehearsal: the README's `make up`, twice, on a look-alike of a fresh Ubuntu 24.04 VM with one NVIDIA
-A10G (AWS g5.xlarge), around the reboot the first run asks for. No GPU needed: it runs in CI.
+"""The GPU-host rehearsal: the README's `make up`, twice, on a look-alike of a fresh Ubuntu VM with one NVIDIA A10G
+(AWS g5.xlarge), around the reboot the first run asks for; once as Ubuntu 24.04 (noble), once as 22.04 (jammy), each
+with its own release files, NVIDIA package graph and expected versions (RELEASES). No GPU needed: it runs in CI.
+What the look-alike cannot be: its Python is Debian 12's 3.11, where jammy's is 3.10 (the controller's way on such a
+host, uv, is tests/ansible/test_controller_uv.py's), and its real packages are Debian's.
 
 The host: a systemd container (`dinops-rehearsal`) of the Molecule platform image with Docker-in-Docker's
-capabilities (molecule/docker/molecule.yml), not --privileged. Ubuntu 24.04 as molecule/nvidia_driver_ubuntu's
-prepare.yml makes it (files/ubuntu_archive.py: os-release, lsb-release, GRUB and initramfs stand-ins, noble's NVIDIA
+capabilities (rehearsal/instance.py), not --privileged. Ubuntu as molecule/nvidia_driver_ubuntu's prepare.yml
+makes it (files/ubuntu_archive.py: os-release, lsb-release, GRUB and initramfs stand-ins, the release's NVIDIA
 package graph as a flat repository of empty packages), with a kernel metapackage installed as on every VM (generic:
 the captured graph has no -aws modules; a g5.xlarge has linux-aws). Debian 12's own archive stays as a source, for
 the real packages the roles install (docker.io, python3-debian, ...); the package lists start empty. On its PCI bus,
 by a stand-in lspci (files/lspci), one A10G. A signed stand-in of NVIDIA's libnvidia-container repository
 (toolkit_repo.py) is served inside the instance. The user is the cloud image's: `ubuntu`, a sudoer without a
-password (Ubuntu's cloud-init default: `sudo: ALL=(ALL) NOPASSWD:ALL`), its home 0750 (Ubuntu 24.04's HOME_MODE in
-/etc/login.defs), not root (round2-hosts-cluster F13). The repository's working tree is copied to
+password (Ubuntu's cloud-init default: `sudo: ALL=(ALL) NOPASSWD:ALL`), its home 0750 (Ubuntu's HOME_MODE in
+/etc/login.defs since 21.04), not root (round2-hosts-cluster F13). The repository's working tree is copied to
 /home/ubuntu/dinops, owned by that user and without .venv: `make up` there, as `ubuntu`, installs the controller's
 packages through sudo, builds its own controller venv from PyPI (the machine's proxy CA given to pip in
 /etc/pip.conf) and runs site.yml on inventories/local as it is (local connection, /usr/bin/python3, `become` where
@@ -33,13 +36,14 @@ repository's URLs, a minikube mirror without minikube, and the disk threshold.
    the minikube user, `minikube start`) can run without the binary, and `minikube start --gpus all` not without a
    GPU.
 
-Marked ``rehearsal`` (`make gpu-rehearsal`). Each run's output is kept in artifacts/rehearsal-make-up-{1,2}.log;
-the times are printed.
+Marked ``rehearsal`` (`make gpu-rehearsal`). Each run's output is kept in
+artifacts/rehearsal-{noble,jammy}-make-up-{1,2}.log; the times are printed.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -64,6 +68,28 @@ TOOLKIT = ["libnvidia-container1", "libnvidia-container-tools", "nvidia-containe
 TIMES: dict[str, float] = {}
 # Rewrites the kernel in the first run's cached facts (ansible-core 2.19's jsonfile cache: s1_<host>, the facts as a
 # JSON string under __payload__) to one of before the reboot.
+# The two releases the README names for GPU VMs, each as its fresh cloud VM: os-release and lsb-release as the
+# release's own (noble's are molecule/nvidia_driver_ubuntu's overlay), its NVIDIA package graph from the captured
+# facts (tests/fixtures/ubuntu_nvidia), the versions the roles must install from it, and the compiler banner its
+# prebuilt open module carries. Both releases' cloud images make homes 0750 (HOME_MODE, since Ubuntu 21.04).
+RELEASES = {
+    "noble": {
+        "version": "24.04",
+        "description": "24.04.3 LTS (Noble Numbat)",
+        "pretty": "Ubuntu 24.04.3 LTS",
+        "driver": "580.173.02-0ubuntu0.24.04.1",
+        "modules": "6.8.0-142.142+1",
+        "gcc": "gcc version 13.3.0 (Ubuntu 13.3.0-6ubuntu2~24.04)",
+    },
+    "jammy": {
+        "version": "22.04",
+        "description": "22.04.5 LTS (Jammy Jellyfish)",
+        "pretty": "Ubuntu 22.04.5 LTS",
+        "driver": "580.173.02-0ubuntu0.22.04.1",
+        "modules": "5.15.0-194.204+1",
+        "gcc": "gcc version 12.3.0 (Ubuntu 12.3.0-1ubuntu1~22.04)",
+    },
+}
 STALE_KERNEL = """
 import glob, json
 (path,) = glob.glob("*localhost")
@@ -75,14 +101,35 @@ json.dump(cached, open(path, "w"))
 """
 
 
-def _ubuntu_noble(work: Path) -> None:
-    """Ubuntu 24.04 as molecule/nvidia_driver_ubuntu/prepare.yml makes it, Debian's sources kept; the generic kernel
-    metapackage and make installed as on a VM, then the package lists emptied again."""
+def _overlay(work: Path, release: str) -> Path:
+    """molecule/nvidia_driver_ubuntu's overlay (noble's), with os-release, lsb-release and the apt source's file name
+    of ``release``."""
+    overlay = work / "overlay"
+    shutil.copytree(REPO / "molecule" / "nvidia_driver_ubuntu" / "files" / "overlay", overlay)
+    facts = RELEASES[release]
+    (overlay / "usr/lib/os-release").write_text(
+        f'PRETTY_NAME="{facts["pretty"]}"\nNAME="Ubuntu"\nVERSION_ID="{facts["version"]}"\n'
+        f'VERSION="{facts["description"]}"\nVERSION_CODENAME={release}\nID=ubuntu\nID_LIKE=debian\n'
+        'HOME_URL="https://www.ubuntu.com/"\nSUPPORT_URL="https://help.ubuntu.com/"\n'
+        f'BUG_REPORT_URL="https://bugs.launchpad.net/ubuntu/"\nUBUNTU_CODENAME={release}\n'
+    )
+    (overlay / "etc/lsb-release").write_text(
+        f"DISTRIB_ID=Ubuntu\nDISTRIB_RELEASE={facts['version']}\nDISTRIB_CODENAME={release}\n"
+        f'DISTRIB_DESCRIPTION="{facts["pretty"]}"\n'
+    )
+    sources = overlay / "etc/apt/sources.list.d"
+    (sources / "ubuntu-noble.list").rename(sources / f"ubuntu-{release}.list")
+    return overlay
+
+
+def _ubuntu(work: Path, release: str) -> None:
+    """Ubuntu as molecule/nvidia_driver_ubuntu/prepare.yml makes it, for ``release``, Debian's sources kept; the
+    generic kernel metapackage and make installed as on a VM, then the package lists emptied again."""
     installed = VM.out("dpkg-query -W -f '${db:Status-Status} ${Package}\\n' | sed -n 's/^installed //p'")
-    tarball = work / "ubuntu-noble.tar.gz"
+    tarball = work / f"ubuntu-{release}.tar.gz"
     scenario = REPO / "molecule" / "nvidia_driver_ubuntu" / "files"
-    subprocess.run([sys.executable, str(scenario / "ubuntu_archive.py"), str(tarball), "--release", "noble",
-                    "--overlay", str(scenario / "overlay")], input=installed, text=True, check=True,
+    subprocess.run([sys.executable, str(scenario / "ubuntu_archive.py"), str(tarball), "--release", release,
+                    "--overlay", str(_overlay(work, release))], input=installed, text=True, check=True,
                    capture_output=True)  # fmt: skip
     VM.run("tar -xzf - -C /", data=tarball.read_bytes())
     VM.run(
@@ -114,10 +161,10 @@ def _install(name: str, path: str) -> None:
     VM.run(f"install -m 0755 /dev/stdin {path}", data=(FILES / name).read_bytes())
 
 
-def _make_up(n: int) -> dict:
-    run = VM.make_up(USER, CLONE, f"rehearsal-make-up-{n}.log", timeout=480)
-    TIMES[f"make up #{n}"] = run["seconds"]
-    print(f"\nrehearsal: make up #{n}: exit {run['rc']} in {run['seconds']:.0f} s")
+def _make_up(release: str, n: int) -> dict:
+    run = VM.make_up(USER, CLONE, f"rehearsal-{release}-make-up-{n}.log", timeout=480)
+    TIMES[f"{release} make up #{n}"] = run["seconds"]
+    print(f"\nrehearsal: {release}: make up #{n}: exit {run['rc']} in {run['seconds']:.0f} s")
     return run
 
 
@@ -126,24 +173,24 @@ def _versions(packages: list[str]) -> dict[str, str]:
     return {line.split()[0]: " ".join(line.split()[1:]) for line in out.splitlines()}
 
 
-@pytest.fixture(scope="module")
-def host(tmp_path_factory):
+@pytest.fixture(scope="module", params=list(RELEASES))
+def host(request, tmp_path_factory):
+    release = request.param
     began = time.monotonic()
     image = subprocess.run([str(REPO / "scripts" / "molecule-image.sh")], capture_output=True, text=True, check=False)
     assert image.returncode == 0, f"scripts/molecule-image.sh (make molecule-image):\n{image.stdout}{image.stderr}"
     try:
         VM.start()
-        work = tmp_path_factory.mktemp("rehearsal")
-        _ubuntu_noble(work)
+        work = tmp_path_factory.mktemp(f"rehearsal-{release}")
+        _ubuntu(work, release)
         _install("lspci", "/usr/local/bin/lspci")
         _nvidia_repository(work)
         VM.pip_trusts_the_proxy()
-        # Ubuntu 24.04's HOME_MODE in /etc/login.defs: 0750.
         VM.cloud_user(USER, "0750")
         _clone()
-        TIMES["instance"] = time.monotonic() - began
-        print(f"\nrehearsal: instance ready in {TIMES['instance']:.0f} s")
-        yield {"kernel": VM.out("uname -r").strip()}
+        TIMES[f"{release} instance"] = time.monotonic() - began
+        print(f"\nrehearsal: {release}: instance ready in {TIMES[f'{release} instance']:.0f} s")
+        yield {"release": release, **RELEASES[release], "kernel": VM.out("uname -r").strip()}
     finally:
         VM.remove()
         print("\nrehearsal: " + ", ".join(f"{step} {seconds:.0f} s" for step, seconds in TIMES.items()))
@@ -151,7 +198,7 @@ def host(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def first_run(host):
-    return _make_up(1)
+    return _make_up(host["release"], 1)
 
 
 @pytest.fixture(scope="module")
@@ -160,7 +207,7 @@ def second_run(host, first_run):
     version = VM.out("dpkg-query -W -f '${Version}' nvidia-kernel-common-580-server").split("-")[0]
     banner = (f"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {version}  Release Build  "
               "(buildd@lcy02-amd64-080)  Thu Oct 30 10:21:37 UTC 2025\n"
-              "GCC version:  gcc version 13.3.0 (Ubuntu 13.3.0-6ubuntu2~24.04)\n")  # fmt: skip
+              f"GCC version:  {host['gcc']}\n")  # fmt: skip
     VM.run(
         "mount -t tmpfs -o size=64k,mode=0555 nvidia /proc/driver && mkdir /proc/driver/nvidia"
         " && cat > /proc/driver/nvidia/version",
@@ -170,17 +217,18 @@ def second_run(host, first_run):
     # The facts the first run cached (ansible.cfg: gathering smart, a jsonfile cache) name the kernel of before the
     # reboot, as on a VM whose driver install brought a newer kernel: the second run must not believe them.
     VM.run(f"cd {CLONE}/.cache/ansible-facts && python3 -", data=STALE_KERNEL.encode())
-    return {**_make_up(2), "driver": version}
+    return {**_make_up(host["release"], 2), "driver": version}
 
 
 def _statuses(run: dict) -> dict[str, str]:
     return {task: status for task, status, _ in run["tasks"]}
 
 
-def test_preflight_finds_the_a10g_on_the_pci_bus(first_run):
+def test_preflight_finds_the_a10g_on_the_pci_bus(host, first_run):
     """Through the stand-in lspci (ahead of /usr/bin on sudo's secure_path): the container's real bus has no GPU."""
     fact = json.loads(VM.out("/etc/ansible/facts.d/dinops.fact"))
-    assert (fact["os"]["id"], fact["os"]["version"], fact["mode"], fact["gpu_count"]) == ("ubuntu", "24.04", "gpu", 1)
+    os_found = (fact["os"]["id"], fact["os"]["version"], fact["mode"], fact["gpu_count"])
+    assert os_found == ("ubuntu", host["version"], "gpu", 1)
     gpu = fact["gpus"][0]
     assert (gpu["pci_id"], gpu["pci_slot"], gpu["name"], gpu["architecture"], gpu["datacenter"]) == (
         "10de:2237", "00:1e.0", "A10G", "ampere", True
@@ -189,10 +237,10 @@ def test_preflight_finds_the_a10g_on_the_pci_bus(first_run):
 
 def test_first_make_up_installs_driver_580_and_stops_with_reboot_required(host, first_run):
     assert _versions(DRIVER) == {
-        "nvidia-headless-no-dkms-580-server-open": "580.173.02-0ubuntu0.24.04.1 install",
-        "nvidia-utils-580-server": "580.173.02-0ubuntu0.24.04.1 install",
-        "libnvidia-compute-580-server": "580.173.02-0ubuntu0.24.04.1 install",
-        "linux-modules-nvidia-580-server-open-generic": "6.8.0-142.142+1 install",
+        "nvidia-headless-no-dkms-580-server-open": f"{host['driver']} install",
+        "nvidia-utils-580-server": f"{host['driver']} install",
+        "libnvidia-compute-580-server": f"{host['driver']} install",
+        "linux-modules-nvidia-580-server-open-generic": f"{host['modules']} install",
     }
     kernel = host["kernel"]
     message = (
