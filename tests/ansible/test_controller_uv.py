@@ -71,9 +71,11 @@ def old_python_host(path: Path, python: str) -> str:
     return str(bin_dir)
 
 
-def stand_in_cpython(path: Path) -> tuple[Path, str, str]:
+@pytest.fixture(scope="module")
+def stand_in_cpython(tmp_path_factory) -> tuple[Path, str, str]:
     """A CPython 3.11 archive in python-build-standalone's install_only layout, built from Debian's interpreter (no
-    symbolic links: uv refuses absolute ones); returns it with its version and SHA-256."""
+    symbolic links: uv refuses absolute ones), once for both tests; with its version and SHA-256."""
+    path = tmp_path_factory.mktemp("stand-in")
     if not (DEBIAN_PYTHON.exists() and (DEBIAN_STDLIB / "os.py").exists()):
         pytest.fail(f"{DEBIAN_PYTHON} and {DEBIAN_STDLIB} (Debian's python3.11) are needed to build the stand-in")
     version = subprocess.run([str(DEBIAN_PYTHON), "-c", "import platform; print(platform.python_version())"],
@@ -113,10 +115,10 @@ def run(host: dict, argv: list[str], timeout: int = 600, **env: str) -> subproce
                           timeout=timeout)  # fmt: skip
 
 
-def test_make_up_setup_on_an_old_python_host_goes_through_uv(host):
-    probe = run(host, ["python3", "-c", "import sys; print(sys.version_info[:2])"])
-    assert probe.stdout.strip() < "(3, 11)", probe.stdout
-    archive, version, sha256 = stand_in_cpython(host["path"])
+def test_make_up_setup_on_an_old_python_host_goes_through_uv(host, stand_in_cpython):
+    probe = run(host, ["python3", "-c", "import sys; print(sys.version_info[0], sys.version_info[1])"])
+    assert tuple(map(int, probe.stdout.split())) < (3, 11), probe.stdout
+    archive, version, sha256 = stand_in_cpython
     downloads = host["path"] / "downloads.json"
     downloads.write_text(json.dumps({f"cpython-{version}-linux-x86_64-gnu": {
         "name": "cpython", "arch": {"family": "x86_64", "variant": None}, "os": "linux", "libc": "gnu",
@@ -159,7 +161,7 @@ def test_make_up_setup_on_an_old_python_host_goes_through_uv(host):
     assert "installing" not in again.stdout + again.stderr, again.stdout + again.stderr
 
 
-def test_a_mirror_file_that_is_not_the_release_is_refused(host):
+def test_a_mirror_file_that_is_not_the_release_is_refused(host, stand_in_cpython):
     """The README's mirror layout is the one uv reads, and a wrong file there stops `make up` with what to run."""
     uv = host["clone"] / ".cache/controller-uv/bin/uv"
     if not uv.exists():  # the test above installs it; alone, this one installs it the same way
@@ -176,9 +178,7 @@ def test_a_mirror_file_that_is_not_the_release_is_refused(host):
     release_file = urllib.parse.unquote(url[1])  # "<release>/cpython-3.11.N+<release>-...tar.gz"
     mirror = host["path"] / "mirror"
     (mirror / release_file).parent.mkdir(parents=True)
-    source = host["path"] / "mirror-source"
-    source.mkdir()
-    shutil.move(stand_in_cpython(source)[0], mirror / release_file)
+    shutil.copy(stand_in_cpython[0], mirror / release_file)
 
     env = {"UV_PYTHON_INSTALL_MIRROR": mirror.as_uri(), "UV_PYTHON_INSTALL_DIR": str(host["path"] / "managed-mirror")}
     proc = run(host, ["scripts/controller-python.sh"], **env)
