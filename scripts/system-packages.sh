@@ -10,8 +10,10 @@ case $purpose in
   *) echo "unknown purpose $purpose" >&2; exit 2 ;;
 esac
 missing=()
+# Installed whatever the selection state: `make up`'s docker role holds docker.io ("hold ok installed"), which a match
+# on "install ok installed" took for missing, so every later `make test` ran apt-get update and install again.
 for pkg in "${wanted[@]}"; do
-  dpkg-query -W -f '${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
+  [ "$(dpkg-query -W -f '${db:Status-Status}' "$pkg" 2>/dev/null)" = installed ] || missing+=("$pkg")
 done
 [ ${#missing[@]} -eq 0 ] && exit 0
 sudo=$([ "$(id -u)" -eq 0 ] && echo "" || echo sudo)
