@@ -7,11 +7,13 @@ import io
 import os
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import requests
 from PIL import Image
 
+from dinops.serve.s3_checkpoint import ObjectIdentity, S3Checkpoint
 from dinops.serve.testing import free_port, running, write_small_checkpoint
 
 from .conftest import FakeDINO, make_detector
@@ -128,6 +130,65 @@ def test_a_failed_reload_keeps_the_old_model_and_reports_it(following_app, encod
     path.unlink()  # training's output removed: keep serving what is loaded
     time.sleep(0.3)
     assert client.get("/healthz").get_json()["model"] == "ready"
+
+
+class _HeldBucket(S3Checkpoint):
+    """A checkpoint in S3 without S3: object ``n`` is a file holding n; ``loaded`` (the cache clean-up after a swap,
+    file I/O that a loaded machine can stretch) holds on ``release`` once a reload reaches it."""
+
+    def __init__(self, root) -> None:  # no client, no cache directory: nothing of S3Checkpoint's own start-up
+        self.root, self.current, self._current = root, 0, None
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def identity(self) -> ObjectIdentity:
+        n = self.current
+        return ObjectIdentity(url=f"s3://bucket/run/{n}.pth", etag=str(n), size=1, sha256=f"{n:064x}")
+
+    def fetch(self, identity: ObjectIdentity) -> Path:
+        path = self.root / f"{identity.etag}.pth"
+        path.write_text(identity.etag)
+        return path
+
+    def loaded(self, path: Path) -> None:
+        if path.name != "0.pth":
+            self.entered.set()
+            assert self.release.wait(30)
+
+
+def test_healthz_never_shows_the_new_model_with_the_old_reload_count(make_app, tmp_path):
+    """The model's description and the reload count on /healthz come from one moment, also while the swap's
+    clean-up of the previous download runs. Red before: CI, 2026-11-27 (test_s3_checkpoint), /healthz gave the
+    second checkpoint's global_step and sha256 with reloads 0 on a loaded machine; here, deterministically, the same
+    view while the clean-up is held."""
+    bucket = _HeldBucket(tmp_path)
+
+    def loader(config):
+        detector = make_detector(FakeDINO())
+        n = int(Path(config["CHECKPOINT"]).read_text())
+        detector.info = {"checkpoint": config["CHECKPOINT"], "backend": "pytorch", "global_step": n}
+        return detector
+
+    app = make_app(DETECTOR=None, DETECTOR_LOADER=loader, CHECKPOINT=str(tmp_path / "unused"), MODEL_POLL_S=0.01,
+                   WAIT_FOR_MODEL=True, START=False)  # fmt: skip
+    runtime = app.extensions["dino"]
+    runtime.source = bucket
+    runtime.start()
+    assert runtime.wait(30), runtime.error
+    client = app.test_client()
+
+    def view() -> tuple[int, int]:
+        health = client.get("/healthz").get_json()
+        return health["loaded"]["global_step"], health["reload"]["reloads"]
+
+    assert view() == (0, 0)
+    bucket.current = 1
+    try:
+        assert bucket.entered.wait(30), "the reload did not reach the clean-up"
+        assert view() == (0, 0)  # the old model, whole, until the swap is published
+    finally:
+        bucket.release.set()
+    _until(lambda: view()[1] == 1, 10, "the reload")
+    assert view() == (1, 1)
 
 
 # --- the real server ----------------------------------------------------------------------------------------------

@@ -17,15 +17,16 @@ def healthz():
     S3: its ``url``, ``etag``, ``size`` and ``sha256``), where its class names came from; ``reload`` (with
     DINO_RELOAD) counts reloads and carries the last failed one's ``error``."""
     runtime = current_app.extensions["dino"]
-    body = {"status": "alive", "model": runtime.model_state, "checkpoint": runtime.checkpoint}
-    if runtime.model_state == "failed" and runtime.error:
-        body["error"] = runtime.error
-    if runtime.loaded is not None:
-        body["loaded"] = runtime.loaded
+    model_state, error, loaded, reloads, reload_error = runtime.health_view()
+    body = {"status": "alive", "model": model_state, "checkpoint": runtime.checkpoint}
+    if model_state == "failed" and error:
+        body["error"] = error
+    if loaded is not None:
+        body["loaded"] = loaded
     if runtime.follows:
-        body["reload"] = {"enabled": True, "poll_s": runtime.poll_s, "reloads": runtime.reloads}
-        if runtime.reload_error:
-            body["reload"]["error"] = runtime.reload_error
+        body["reload"] = {"enabled": True, "poll_s": runtime.poll_s, "reloads": reloads}
+        if reload_error:
+            body["reload"]["error"] = reload_error
     return jsonify(body)
 
 

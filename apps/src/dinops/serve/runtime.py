@@ -113,6 +113,10 @@ class ModelRuntime:
         self.reload_error = ""
         self.reloads = 0
         self._lock = threading.Lock()
+        # What /healthz reports (state, error, loaded, reloads, reload_error) changes under this lock and is read under
+        # it (health_view): a reader never sees the new model's description with the old reload count (CI,
+        # 2026-11-27: global_step 16 with reloads 0, read between two of these writes on a loaded machine).
+        self._published = threading.Lock()
         self._done = threading.Event()
         self._closed = threading.Event()
         self.waits_for_model = False
@@ -140,6 +144,11 @@ class ModelRuntime:
     def model_state(self) -> str:
         """waiting, loading, ready or failed (not started yet counts as loading)."""
         return "loading" if self.state == "idle" else self.state
+
+    def health_view(self) -> tuple[str, str, dict[str, Any] | None, int, str]:
+        """(model_state, error, loaded, reloads, reload_error), all from one moment (see ``_published``)."""
+        with self._published:
+            return self.model_state, self.error, self.loaded, self.reloads, self.reload_error
 
     @property
     def waiting_message(self) -> str:
@@ -192,14 +201,17 @@ class ModelRuntime:
                 if identity is None:
                     tried = None
                     if self.state != "waiting":
-                        self.state, self.error, announced = "waiting", "", False
+                        with self._published:
+                            self.state, self.error = "waiting", ""
+                        announced = False
                     if not announced:
                         log.warning("%s (polling every %g s)", self.waiting_message, self.poll_s)
                         announced = True
                 elif identity != tried:
                     tried = identity
                     log.info("checkpoint %s is there; loading it", path)
-                    self.state, self.error = "loading", ""
+                    with self._published:
+                        self.state, self.error = "loading", ""
                     if self._load_once(identity):
                         self._done.set()
                         if not self.follows:
@@ -216,11 +228,13 @@ class ModelRuntime:
         if self.detector is None:
             if self.error != str(exc):
                 log.error("cannot look at %s: %s", self.checkpoint, exc)
-            self.state, self.error = "failed", str(exc)
+            with self._published:
+                self.state, self.error = "failed", str(exc)
         else:
             if self.reload_error != str(exc):
                 log.error("cannot look at %s (still serving the loaded model): %s", self.checkpoint, exc)
-            self.reload_error = str(exc)
+            with self._published:
+                self.reload_error = str(exc)
 
     def _run_batch(self, images: Sequence[Any], sizes: Sequence[tuple[int, int]]) -> list[tuple[Prediction, Detector]]:
         """One batch on the detector in use when it starts; each result names the detector that computed it."""
@@ -263,31 +277,36 @@ class ModelRuntime:
         except Exception as exc:
             if fetched is not None:
                 fetched.unlink(missing_ok=True)
+            with self._published:
+                if first:
+                    self.error = str(exc)
+                    self.state = "failed"
+                else:
+                    self.reload_error = str(exc)
+                    self.metrics.reloads.labels("failed").inc()
             if first:
-                self.error = str(exc)
-                self.state = "failed"
                 log.exception("model failed to load")
             else:
-                self.reload_error = str(exc)
-                self.metrics.reloads.labels("failed").inc()
                 log.exception("reload failed; still serving %s", (self.loaded or {}).get("checkpoint"))
             return False
         self.warmup_s = warmup_s
-        self.loaded = {
+        loaded = {
             "checkpoint": detector.info.get("checkpoint", self.checkpoint),
             **{k: detector.info[k] for k in ("epoch", "step", "global_step") if k in detector.info},
             **(identity.describe() if identity is not None else {}),
             "class_names": detector.info.get("class_names", detector.class_names.source),
             "loaded_at": _utc_now(),
         }
-        self.detector = detector  # the swap: batches that start from now on run on this model
-        if fetched is not None:
+        if fetched is not None:  # the previous download goes (the model in use holds its weights in memory)
             self.source.loaded(fetched)
-        self.reload_error = ""
-        self.state = "ready"
-        if not first:
-            self.reloads += 1
-            self.metrics.reloads.labels("ok").inc()
+        with self._published:
+            self.detector = detector  # the swap: batches that start from now on run on this model
+            self.loaded = loaded
+            self.reload_error = ""
+            self.state = "ready"
+            if not first:
+                self.reloads += 1
+                self.metrics.reloads.labels("ok").inc()
         log.info(
             "model ready" if first else "model reloaded",
             extra={
