@@ -42,6 +42,15 @@ def _metric(url: str, state: str) -> float:
 # --- in process, a fake loader (fast) ---------------------------------------------------------------------------
 
 
+def _publish(path, text: str) -> None:
+    """As training writes a checkpoint: a whole new file renamed into place. A plain write_text beside a watching
+    runtime raced it on a loaded machine (CI, 2026-11-27): the poll found the file created and still empty, loaded
+    '' as corrupt, and loaded again once the text was there."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 @pytest.fixture
 def waiting_app(make_app, fake_model, tmp_path):
     path = tmp_path / "models" / "model.pth"
@@ -85,7 +94,7 @@ def test_waiting_then_ready_in_process(waiting_app, encode):
     assert 'dino_model_state{state="waiting"} 1.0' in metrics and 'dino_model_state{state="ready"} 0.0' in metrics
 
     path.parent.mkdir()
-    path.write_text("good")
+    _publish(path, "good")
     assert app.extensions["dino"].wait(10)
     assert client.get("/readyz").status_code == 200
     assert client.get("/healthz").get_json()["model"] == "ready"
@@ -111,7 +120,7 @@ def test_failed_load_is_retried_when_the_file_changes(waiting_app, encode):
     assert loads == ["half a file"]  # not retried while the file stays the same: no crash loop, no load loop
     path.unlink()
     _until(lambda: client.get("/healthz").get_json()["model"] == "waiting", 10, "waiting again")
-    path.write_text("good")
+    _publish(path, "good")
     assert app.extensions["dino"].wait(10)
     assert client.get("/healthz").get_json()["model"] == "ready" and loads == ["half a file", "good"]
 
