@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import struct
 import zlib
 
@@ -135,3 +136,11 @@ def fake_model():
         return model, make_detector(model)
 
     return _make
+
+
+def replace_file(path, text: str) -> None:
+    """As training writes a checkpoint: a whole new file renamed over the old one, never a half-written file that a
+    watching runtime could load (a plain write_text raced it on a loaded machine: CI, 2026-11-27, test_waiting)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

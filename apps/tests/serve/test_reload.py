@@ -16,7 +16,7 @@ from PIL import Image
 from dinops.serve.s3_checkpoint import ObjectIdentity, S3Checkpoint
 from dinops.serve.testing import free_port, running, write_small_checkpoint
 
-from .conftest import FakeDINO, make_detector
+from .conftest import FakeDINO, make_detector, replace_file
 
 SERVER_ENV = {"DINO_MIN_SIZE": "64", "DINO_MAX_SIZE": "96", "DINO_THREADS": "4", "DINO_MODEL_POLL_S": "0.2"}
 
@@ -26,13 +26,6 @@ def _until(condition, timeout: float = 60, what: str = "") -> None:
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
-
-
-def _replace(path, text: str) -> None:
-    """As training does: a new file renamed over the old one."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 # --- in process, a fake loader -----------------------------------------------------------------------------------
@@ -75,7 +68,7 @@ def test_reload_setting(following_app, settings, follows, encode):
     app = make(**settings)
     client = app.test_client()
     assert ("reload" in client.get("/healthz").get_json()) is follows
-    _replace(path, "B")
+    replace_file(path, "B")
     time.sleep(0.5)  # ten polls
     version = client.post("/v1/detect", data=encode(Image.new("RGB", (80, 60))), content_type="image/png")
     assert version.get_json()["model"]["version"] == ("B" if follows else "A")
@@ -97,7 +90,7 @@ def test_swap_keeps_requests_in_flight_on_the_old_model(following_app, encode):
     in_flight = threading.Thread(target=request, args=("in flight",))
     in_flight.start()
     _until(lambda: old.entered == 1, 10, "the batch on model A to start")
-    _replace(path, "B")
+    replace_file(path, "B")
     _until(lambda: client.get("/healthz").get_json()["reload"]["reloads"] == 1, 10, "the reload")
     after = client.post("/v1/detect", data=image, content_type="image/png").get_json()  # runs while A is held
     assert after["model"]["version"] == "B"
@@ -113,7 +106,7 @@ def test_a_failed_reload_keeps_the_old_model_and_reports_it(following_app, encod
     client = app.test_client()
     loaded_a = client.get("/healthz").get_json()["loaded"]
     assert loaded_a["mtime_ns"] == path.stat().st_mtime_ns and loaded_a["inode"] == path.stat().st_ino
-    _replace(path, "corrupt B")
+    replace_file(path, "corrupt B")
     _until(lambda: "error" in client.get("/healthz").get_json()["reload"], 10, "the failed reload")
     health = client.get("/healthz").get_json()
     assert health["model"] == "ready" and "corrupt B" in health["reload"]["error"]
@@ -123,7 +116,7 @@ def test_a_failed_reload_keeps_the_old_model_and_reports_it(following_app, encod
     assert answer.status_code == 200 and answer.get_json()["model"]["version"] == "A"
     metrics = client.get("/metrics").get_data(as_text=True)
     assert 'dino_model_reloads_total{result="failed"} 1.0' in metrics
-    _replace(path, "C")
+    replace_file(path, "C")
     _until(lambda: client.get("/healthz").get_json()["reload"]["reloads"] == 1, 10, "the next reload")
     health = client.get("/healthz").get_json()
     assert "error" not in health["reload"] and health["loaded"]["mtime_ns"] == path.stat().st_mtime_ns

@@ -15,6 +15,8 @@ from PIL import Image
 
 from dinops.serve.testing import free_port, running, write_small_checkpoint
 
+from .conftest import replace_file
+
 SERVER_ENV = {"DINO_MIN_SIZE": "64", "DINO_MAX_SIZE": "96", "DINO_THREADS": "4", "DINO_MODEL_POLL_S": "0.2"}
 WAITING = "waiting for a model: {} does not exist yet; train, or give a checkpoint"
 
@@ -40,15 +42,6 @@ def _metric(url: str, state: str) -> float:
 
 
 # --- in process, a fake loader (fast) ---------------------------------------------------------------------------
-
-
-def _publish(path, text: str) -> None:
-    """As training writes a checkpoint: a whole new file renamed into place. A plain write_text beside a watching
-    runtime raced it on a loaded machine (CI, 2026-11-27): the poll found the file created and still empty, loaded
-    '' as corrupt, and loaded again once the text was there."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 @pytest.fixture
@@ -94,7 +87,7 @@ def test_waiting_then_ready_in_process(waiting_app, encode):
     assert 'dino_model_state{state="waiting"} 1.0' in metrics and 'dino_model_state{state="ready"} 0.0' in metrics
 
     path.parent.mkdir()
-    _publish(path, "good")
+    replace_file(path, "good")
     assert app.extensions["dino"].wait(10)
     assert client.get("/readyz").status_code == 200
     assert client.get("/healthz").get_json()["model"] == "ready"
@@ -120,7 +113,7 @@ def test_failed_load_is_retried_when_the_file_changes(waiting_app, encode):
     assert loads == ["half a file"]  # not retried while the file stays the same: no crash loop, no load loop
     path.unlink()
     _until(lambda: client.get("/healthz").get_json()["model"] == "waiting", 10, "waiting again")
-    _publish(path, "good")
+    replace_file(path, "good")
     assert app.extensions["dino"].wait(10)
     assert client.get("/healthz").get_json()["model"] == "ready" and loads == ["half a file", "good"]
 
